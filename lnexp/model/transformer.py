@@ -1,0 +1,147 @@
+"""The registered fairseq model ``ln_transformer`` and its architectures.
+
+It is fairseq's ``transformer`` with the layers of ``lnexp.model.layers``; four extra options
+choose the placement (``--placement``), the norm (``--norm``), Kan et al.'s residual step
+(``--residual-scale``) and Peri-LN's optional embedding norm (``--embed-norm``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de,
+)
+from fairseq.models.transformer.transformer_base import TransformerModelBase
+from fairseq.models.transformer.transformer_config import (
+    DEFAULT_MAX_SOURCE_POSITIONS,
+    DEFAULT_MAX_TARGET_POSITIONS,
+)
+
+from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
+from lnexp.model.norms import NORMS, make_norm
+from lnexp.model.placement import PLACEMENTS, ResidualSpec
+
+
+@dataclass
+class LNTransformerConfig(TransformerConfig):
+    placement: str = field(default="post_ln", metadata={"help": "|".join(PLACEMENTS)})
+    norm: str = field(default="layernorm", metadata={"help": "|".join(NORMS)})
+    residual_scale: float = field(default=1.0, metadata={"help": "dt in x + dt*F(...)"})
+    embed_norm: bool = field(default=False, metadata={"help": "norm on the embeddings"})
+
+
+def _spec(cfg: LNTransformerConfig, stack: str) -> ResidualSpec:
+    return ResidualSpec.for_stack(
+        cfg.placement, cfg.residual_scale, stack, cfg.encoder.layers, cfg.decoder.layers
+    )
+
+
+def _swap_stack_norms(module, cfg: LNTransformerConfig) -> None:
+    """Use the configured norm for the stack's final and embedding norms too."""
+    for name in ("layer_norm", "layernorm_embedding"):
+        if getattr(module, name, None) is not None and cfg.norm != "layernorm":
+            setattr(module, name, make_norm(cfg.norm, module.embed_tokens.embedding_dim))
+
+
+class LNEncoder(TransformerEncoderBase):
+    def __init__(self, cfg: LNTransformerConfig, dictionary, embed_tokens) -> None:
+        super().__init__(cfg, dictionary, embed_tokens)
+        _swap_stack_norms(self, cfg)
+
+    def build_encoder_layer(self, cfg: LNTransformerConfig) -> LNEncoderLayer:
+        return LNEncoderLayer(cfg, _spec(cfg, "encoder"), cfg.norm)
+
+
+class LNDecoder(TransformerDecoderBase):
+    def __init__(self, cfg: LNTransformerConfig, dictionary, embed_tokens,
+                 no_encoder_attn: bool = False) -> None:
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+        _swap_stack_norms(self, cfg)
+
+    def build_decoder_layer(self, cfg: LNTransformerConfig, no_encoder_attn: bool = False):
+        return LNDecoderLayer(cfg, _spec(cfg, "decoder"), cfg.norm, no_encoder_attn)
+
+
+@register_model("ln_transformer")
+class LNTransformerModel(TransformerModel):
+    """fairseq's Transformer with LayerNorm placement as a first-class option."""
+
+    @classmethod
+    def add_args(cls, parser) -> None:
+        super().add_args(parser)
+        parser.add_argument("--placement", choices=PLACEMENTS, help="where LayerNorm sits")
+        parser.add_argument("--norm", choices=NORMS, help="layernorm or rmsnorm")
+        parser.add_argument("--residual-scale", type=float, help="dt in x + dt*F(...)")
+        parser.add_argument("--embed-norm", action="store_true", help="norm on the embeddings")
+
+    @classmethod
+    def build_model(cls, args, task):
+        ln_base_architecture(args)
+        # fairseq builds the final norm when normalize_before is set, and the embedding norm
+        # from layernorm_embedding: map the placement onto both, so that the stock code builds them.
+        spec = ResidualSpec(args.placement)
+        args.encoder_normalize_before = args.decoder_normalize_before = spec.final_norm
+        args.layernorm_embedding = bool(args.embed_norm)
+        if getattr(args, "max_source_positions", None) is None:
+            args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
+        if getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = DEFAULT_MAX_TARGET_POSITIONS
+        if args.share_all_embeddings:
+            args.share_decoder_input_output_embed = True
+        cfg = LNTransformerConfig.from_namespace(args)
+        return TransformerModelBase.build_model.__func__(cls, cfg, task)
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return LNEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return LNDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+
+
+def ln_base_architecture(args) -> None:
+    args.placement = getattr(args, "placement", None) or "post_ln"
+    args.norm = getattr(args, "norm", None) or "layernorm"
+    rs = getattr(args, "residual_scale", None)
+    args.residual_scale = 1.0 if rs is None else rs
+    args.embed_norm = bool(getattr(args, "embed_norm", False))
+    base_architecture(args)
+
+
+@register_model_architecture("ln_transformer", "ln_transformer")
+def ln_transformer(args) -> None:
+    ln_base_architecture(args)
+
+
+@register_model_architecture("ln_transformer", "ln_transformer_iwslt_de_en")
+def ln_transformer_iwslt_de_en(args) -> None:
+    """Xiong et al. App. A.1: 6+6 layers, d=512, FFN 1024, 4 heads (shared embeddings: task)."""
+    transformer_iwslt_de_en(args)
+    ln_base_architecture(args)
+
+
+@register_model_architecture("ln_transformer", "ln_transformer_wmt_en_de")
+def ln_transformer_wmt_en_de(args) -> None:
+    """Transformer base: 6+6 layers, d=512, FFN 2048, 8 heads."""
+    transformer_wmt_en_de(args)
+    ln_base_architecture(args)
+
+
+@register_model_architecture("ln_transformer", "ln_transformer_mini")
+def ln_transformer_mini(args) -> None:
+    """6+6 layers, d=128, FFN 512, 4 heads: the smallest size showing the warm-up contrast on CPU."""
+    for side in ("encoder", "decoder"):
+        setattr(args, f"{side}_embed_dim", getattr(args, f"{side}_embed_dim", 128))
+        setattr(args, f"{side}_ffn_embed_dim", getattr(args, f"{side}_ffn_embed_dim", 512))
+        setattr(args, f"{side}_attention_heads", getattr(args, f"{side}_attention_heads", 4))
+        setattr(args, f"{side}_layers", getattr(args, f"{side}_layers", 6))
+    ln_base_architecture(args)

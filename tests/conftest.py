@@ -1,0 +1,64 @@
+"""Shared fixtures: tiny real fairseq dictionaries, models and batches (no mocks)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+REPO = Path(__file__).resolve().parents[1]
+
+
+class TinyTask:
+    """Just what fairseq's model builders read from a task: the two dictionaries."""
+
+    def __init__(self, vocab: int = 40) -> None:
+        from fairseq.data import Dictionary
+
+        d = Dictionary()
+        for i in range(vocab):
+            d.add_symbol(f"w{i}")
+        self.source_dictionary = self.target_dictionary = d
+
+
+def tiny_args(arch: str = "transformer", **over) -> argparse.Namespace:
+    """The namespace fairseq-train builds for `arch` (its own parser), tiny sizes, then `over`."""
+    from fairseq import options
+
+    base = dict(
+        encoder_embed_dim=16, decoder_embed_dim=16, encoder_ffn_embed_dim=32,
+        decoder_ffn_embed_dim=32, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_layers=2, decoder_layers=2, dropout=0.0,
+    )
+    argv = ["/nonexistent", "--arch", arch, "--share-all-embeddings"]
+    for k, v in {**base, **over}.items():
+        flag = "--" + k.replace("_", "-")
+        if isinstance(v, bool):
+            argv += [flag] if v else []
+        else:
+            argv += [flag, str(v)]
+    return options.parse_args_and_arch(options.get_training_parser(), argv)
+
+
+@pytest.fixture(scope="session")
+def tiny_task() -> TinyTask:
+    import lnexp.model  # noqa: F401  (registers ln_transformer)
+
+    return TinyTask()
+
+
+@pytest.fixture
+def tiny_batch():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 40, (3, 7), generator=g)
+    src[0, :2] = 1  # left padding, as fairseq batches have
+    prev = torch.randint(4, 40, (3, 5), generator=g)
+    prev[:, 0] = 2
+    lengths = (src != 1).sum(1)
+    target = torch.randint(4, 40, (3, 5), generator=g)
+    return src, lengths, prev, target
