@@ -1,0 +1,62 @@
+"""``lnexp`` command line: thin dispatch, heavy imports only inside the chosen command.
+
+    lnexp train [hydra overrides]          one run, or a sweep with -m
+    lnexp prepare {multi30k,iwslt14,wmt14} prepare a corpus offline
+    lnexp results [filters] [--csv]        table of runs
+    lnexp figure {fig2,fig3,fig4,theory,report}
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "train": ("lnexp.train.run", "one training run (Hydra overrides; -m for a sweep)"),
+    "prepare": ("lnexp.data.cli", "prepare multi30k, iwslt14 or wmt14 offline"),
+    "results": ("lnexp.results", "list runs and their best scores (--csv to export)"),
+    "figure": ("lnexp.figures.cli", "draw a paper figure from finished runs"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: lnexp COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Examples:", "  lnexp train placement=pre_ln warmup=0",
+              "  lnexp train -m placement=post_ln,pre_ln warmup=0,4000",
+              "  lnexp train --help   (every config group and option)"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from lnexp import __version__
+
+        print(f"lnexp {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"lnexp: unknown command {command!r}; use one of {', '.join(COMMANDS)} "
+              "(lnexp --help)", file=sys.stderr)
+        return 2
+    import importlib
+
+    from lnexp.errors import UserError
+
+    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        return int(module.main(rest) or 0)
+    except UserError as e:
+        print(f"lnexp {command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"lnexp {command}: interrupted; finished work is kept, re-run to resume",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Multi30k de-en (Elliott et al., 2016), shipped in ``data/multi30k`` as the offline default.
+
+Raw text goes straight to a joint sentencepiece model: BLEU is then sacreBLEU on detokenised
+output against the untouched references.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lnexp.data.corpus import PreparedData, build_from_text, read_parallel, write_lines
+
+FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+
+
+def default_dir() -> Path:
+    return Path(__file__).resolve().parents[2] / "data" / "multi30k"
+
+
+def prepare(raw_dir: Path | None = None, src: str = "de", tgt: str = "en",
+            subword: str = "sentencepiece", vocab_size: int = 8000,
+            root: Path | None = None) -> PreparedData:
+    raw_dir = Path(raw_dir or default_dir())
+    inputs = [raw_dir / f"{stem}.{lang}.gz" for stem in FILES.values() for lang in (src, tgt)]
+
+    def make_text(out: Path) -> None:
+        for split, stem in FILES.items():
+            s, t = read_parallel(raw_dir / f"{stem}.{src}.gz", raw_dir / f"{stem}.{tgt}.gz")
+            write_lines(out / f"{split}.{src}", [x.strip() for x in s])
+            write_lines(out / f"{split}.{tgt}", [x.strip() for x in t])
+
+    return build_from_text(f"multi30k_{src}_{tgt}", src, tgt, make_text, inputs,
+                           {"raw": "strip"}, subword, vocab_size, tokenized=False, root=root)

@@ -1,0 +1,74 @@
+"""Joint subword vocabularies: sentencepiece BPE (default) or subword-nmt (the reference tool)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from lnexp.data.cache import cached_stage
+from lnexp.data.corpus import SPLITS, read_lines, write_lines
+
+log = logging.getLogger("lnexp.data")
+SUBWORDS = ("sentencepiece", "subword_nmt")
+SPM_MODEL = "spm.model"
+BPE_CODES = "bpe.codes"
+
+
+def subword_stage(
+    name: str, out: Path, text_dir: Path, src: str, tgt: str, kind: str, vocab_size: int
+) -> tuple[Path, Path]:
+    """Learn a joint model on train (both sides) and encode every split."""
+    if kind not in SUBWORDS:
+        from lnexp.errors import ConfigError
+
+        raise ConfigError(f"unknown subword {kind!r}: use subword=sentencepiece or subword_nmt")
+    inputs = [text_dir / f"{s}.{lang}" for s in SPLITS for lang in (src, tgt)]
+
+    def build(tmp: Path) -> None:
+        train = [text_dir / f"train.{src}", text_dir / f"train.{tgt}"]
+        encode = (_train_spm if kind == "sentencepiece" else _train_bpe)(train, tmp, vocab_size)
+        for split in SPLITS:
+            for lang in (src, tgt):
+                lines = read_lines(text_dir / f"{split}.{lang}")
+                write_lines(tmp / f"{split}.{lang}", [encode(line) for line in lines])
+
+    out, _ = cached_stage(f"{name}/subword", out, inputs, {"kind": kind, "vocab": vocab_size},
+                          build)
+    return out, out / (SPM_MODEL if kind == "sentencepiece" else BPE_CODES)
+
+
+def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str], str]:
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        input=",".join(str(p) for p in train), model_prefix=str(out / "spm"), model_type="bpe",
+        vocab_size=vocab_size, character_coverage=1.0, input_sentence_size=2_000_000,
+        shuffle_input_sentence=False, num_threads=2,
+        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_file=str(out / SPM_MODEL))
+    return lambda line: " ".join(sp.encode(line, out_type=str))
+
+
+def _train_bpe(train: list[Path], out: Path, merges: int) -> Callable[[str], str]:
+    """subword-nmt learn_bpe on the concatenated sides, as prepare-iwslt14.sh does."""
+    from subword_nmt.apply_bpe import BPE
+    from subword_nmt.learn_bpe import learn_bpe
+
+    joint = [line for p in train for line in read_lines(p)]
+    with open(out / BPE_CODES, "w", encoding="utf-8") as codes:
+        learn_bpe(joint, codes, merges, min_frequency=2)
+    with open(out / BPE_CODES, encoding="utf-8") as codes:
+        bpe = BPE(codes)
+    return lambda line: bpe.process_line(line).strip()
+
+
+def piece_decoder(kind: str, model: Path) -> Callable[[str], str]:
+    """Turn a line of subword pieces back into text at the level the corpus's references are."""
+    if kind == "sentencepiece":
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        return lambda line: sp.decode(line.split())
+    return lambda line: (line + " ").replace("@@ ", "").rstrip()
