@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -39,18 +40,53 @@ def flags_to_argv(data: str | Path, flags: dict[str, Any]) -> list[str]:
 
 def training_args(data: str | Path, flags: dict[str, Any]) -> argparse.Namespace:
     """Parse settings with fairseq-train's own parser, so defaults are fairseq's."""
+    from fairseq import options
+
     import lnexp.model  # noqa: F401  (registers ln_transformer)
     import lnexp.optim  # noqa: F401  (registers radam and lnexp's schedules)
-    from fairseq import options
 
     parser = options.get_training_parser()
     return options.parse_args_and_arch(parser, flags_to_argv(data, flags))
 
 
 def to_fairseq_config(args: argparse.Namespace):
+    """fairseq's namespace -> DictConfig conversion (it composes fairseq's own Hydra schemas)."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    return convert_namespace_to_omegaconf(args)
+    _restore_fairseq_schemas()
+    try:
+        return convert_namespace_to_omegaconf(args)
+    finally:
+        hide_fairseq_schemas()
+
+
+# fairseq registers a Hydra schema per optimizer ("optimizer/adam", ...). Under version_base 1.1,
+# which fairseq's own compose needs, Hydra would validate lnexp's configs/optimizer/adam.yaml
+# against it. Keep those schemas out of the ConfigStore except while fairseq composes.
+_HIDDEN: dict[tuple[str, str], object] = {}
+
+
+def hide_fairseq_schemas(config_dir: Path | None = None) -> None:
+    from hydra.core.config_store import ConfigStore
+
+    config_dir = config_dir or Path(__file__).resolve().parents[1] / "configs"
+    repo = ConfigStore.instance().repo
+    for group_dir in config_dir.iterdir():
+        group = repo.get(group_dir.name)
+        if not group_dir.is_dir() or not isinstance(group, dict):
+            continue
+        for yaml in group_dir.glob("*.yaml"):
+            if yaml.name in group:
+                _HIDDEN[(group_dir.name, yaml.name)] = group.pop(yaml.name)
+
+
+def _restore_fairseq_schemas() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo
+    for (group, name), node in _HIDDEN.items():
+        repo.setdefault(group, {})[name] = node
+    _HIDDEN.clear()
 
 
 def binarize(
@@ -106,29 +142,77 @@ def epoch_iterator(cfg, trainer, restore_file: Path | None):
     return extra_state, epoch_itr
 
 
-def next_epoch_iterator(trainer, epoch_itr):
-    return trainer.get_train_iterator(epoch_itr.next_epoch_idx, load_dataset=False)
+def grouped(itr, cfg):
+    """Group batches into updates (gradient accumulation), as fairseq-train does."""
+    from fairseq.data import iterators
+
+    return iterators.GroupedIterator(itr, cfg.optimization.update_freq[0],
+                                     skip_remainder_batch=cfg.optimization.skip_remainder_batch)
 
 
-def batch_iterator(task, cfg, split: str, max_tokens: int | None = None, max_sentences=None):
-    """Ordered, unshuffled batches of a split (for validation and generation)."""
+def train_step(trainer, samples) -> dict[str, float] | None:
+    """One update; returns fairseq's per-update statistics, or None if it went NaN/inf."""
+    from fairseq.logging import metrics
+
+    with metrics.aggregate() as agg:  # a fresh aggregator: this update only
+        try:
+            trainer.train_step(samples)
+        except FloatingPointError:
+            return None
+    meters = agg
+
+    def avg(key: str) -> float:
+        m = meters.get(key)
+        return float(m.avg) if m is not None and m.avg is not None else math.nan
+
+    def total(key: str) -> float:
+        m = meters.get(key)
+        return float(m.sum) if m is not None else 0.0
+
+    return {"loss": avg("loss"), "nll_loss": avg("nll_loss"), "gnorm": avg("gnorm"),
+            "ntokens": total("wpb"), "sample_size": float(meters["loss"].count)
+            if "loss" in meters else 0.0}
+
+
+def updates_per_epoch(data: str | Path, flags: dict[str, Any]) -> int:
+    """Number of updates in one epoch of these settings (the linear schedule needs the total)."""
+    from fairseq import tasks
+
+    args = training_args(data, flags)
+    cfg = to_fairseq_config(args)
+    task = tasks.setup_task(cfg.task)
+    task.load_dataset("train")
+    itr = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size, max_positions=(1024, 1024),
+        ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=cfg.common.seed)
+    return math.ceil(len(itr) / cfg.optimization.update_freq[0])
+
+
+def batch_iterator(task, split: str, max_tokens: int = 8192, max_sentences: int | None = None,
+                   ids=None):
+    """Unshuffled batches of a split (or of the examples ``ids``), length-sorted to limit padding."""
     ds = task.dataset(split)
-    return task.get_batch_iterator(
-        dataset=ds,
-        max_tokens=max_tokens or cfg.dataset.max_tokens_valid,
-        max_sentences=max_sentences,
-        max_positions=(1024, 1024),
-        ignore_invalid_inputs=True,
-        required_batch_size_multiple=1,
-        seed=cfg.common.seed,
-        num_workers=0,
-    ).next_epoch_itr(shuffle=False)
+    order = sorted(range(len(ds)) if ids is None else ids, key=lambda i: (ds.num_tokens(i), i))
+    batch: list[int] = []
+    longest = 0
+    for i in order:
+        longest = max(longest, ds.num_tokens(i))
+        if batch and ((max_sentences and len(batch) >= max_sentences)
+                      or longest * (len(batch) + 1) > max_tokens):
+            yield ds.collater([ds[j] for j in batch])
+            batch, longest = [], ds.num_tokens(i)
+        batch.append(i)
+    if batch:
+        yield ds.collater([ds[j] for j in batch])
 
 
-def sequence_generator(task, model, beam: int, lenpen: float, max_len_b: int = 200):
+def sequence_generator(task, model, beam: int, lenpen: float, max_len_a: float = 1.2,
+                       max_len_b: int = 10):
+    """Hypotheses up to 1.2 x source + 10 tokens: untrained models stop early instead of at 200."""
     from fairseq.dataclass.configs import GenerationConfig
 
-    gen = GenerationConfig(beam=beam, lenpen=lenpen, max_len_a=1.2, max_len_b=max_len_b)
+    gen = GenerationConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b)
     return task.build_generator([model], gen)
 
 

@@ -62,3 +62,40 @@ def tiny_batch():
     lengths = (src != 1).sum(1)
     target = torch.randint(4, 40, (3, 5), generator=g)
     return src, lengths, prev, target
+
+
+def write_gz(path: Path, lines: list[str]) -> None:
+    import gzip
+
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+@pytest.fixture(scope="session")
+def small_multi30k(tmp_path_factory) -> Path:
+    """The first pairs of the shipped Multi30k, in its raw layout: real text, small enough to train."""
+    import gzip
+
+    raw = tmp_path_factory.mktemp("multi30k_small")
+    sizes = {"train": 600, "val": 60, "test_2016_flickr": 40}
+    for stem, n in sizes.items():
+        for lang in ("de", "en"):
+            with gzip.open(REPO / "data" / "multi30k" / f"{stem}.{lang}.gz", "rt",
+                           encoding="utf-8") as f:
+                lines = [next(f).rstrip("\n") for _ in range(n)]
+            write_gz(raw / f"{stem}.{lang}.gz", lines)
+    return raw
+
+
+def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 300):
+    """Run the installed CLI in a subprocess, as a user would."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LNEXP_CACHE": str(cache), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "lnexp.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=REPO)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"lnexp {' '.join(args)} exited {proc.returncode}:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc

@@ -18,13 +18,25 @@ STAMP = "stage.json"
 
 
 def fingerprint(files: Iterable[Path], settings: dict) -> str:
+    from lnexp.errors import DataError
+
     h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
     for f in sorted(Path(p) for p in files):
+        if not f.is_file():
+            raise DataError(f"missing file {f}: check the path or download the corpus first")
         h.update(f.name.encode())
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()[:16]
+
+
+def is_fresh(out_dir: Path, inputs: Iterable[Path], settings: dict) -> bool:
+    """Whether ``cached_stage`` would find ``out_dir`` up to date (so callers can validate their
+    inputs before any stage starts, and only when one will)."""
+    stamp = out_dir / STAMP
+    return stamp.is_file() and json.loads(stamp.read_text()).get("key") == fingerprint(inputs,
+                                                                                        settings)
 
 
 def cached_stage(

@@ -71,15 +71,20 @@ def read_lines(path: Path) -> list[str]:
     """All lines of a UTF-8 (optionally gzipped) file, newline stripped; errors name file and line."""
     if not path.is_file():
         raise DataError(f"missing file {path}: check the path or download the corpus first")
+    import zlib
+
     lines: list[str] = []
     with open(path, "rb") as fh:
         raw = gzip.GzipFile(fileobj=fh) if path.suffix == ".gz" else fh
-        for n, line in enumerate(raw, 1):
-            try:
-                lines.append(line.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{n}: not UTF-8 text ({e.reason}); re-encode the file "
-                                "as UTF-8") from None
+        try:
+            for n, line in enumerate(raw, 1):
+                try:
+                    lines.append(line.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{n}: not UTF-8 text ({e.reason}); re-encode the file "
+                                    "as UTF-8") from None
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"{path}: damaged gzip file ({e}); download it again") from None
     return lines
 
 

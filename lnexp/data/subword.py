@@ -39,14 +39,30 @@ def subword_stage(
 
 
 def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str], str]:
+    import re
+
     import sentencepiece as spm
 
-    spm.SentencePieceTrainer.train(
-        input=",".join(str(p) for p in train), model_prefix=str(out / "spm"), model_type="bpe",
-        vocab_size=vocab_size, character_coverage=1.0, input_sentence_size=2_000_000,
-        shuffle_input_sentence=False, num_threads=2,
-        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
-    )
+    # Above input_sentence_size lines, sentencepiece trains on a sample: it must be a random one
+    # (seeded), or a large corpus (WMT14: 4.5M lines a side) would be learned on its first side only.
+    spm.set_random_generator_seed(1)
+    try:
+        spm.SentencePieceTrainer.train(
+            input=",".join(str(p) for p in train), model_prefix=str(out / "spm"), model_type="bpe",
+            vocab_size=vocab_size, character_coverage=1.0, input_sentence_size=2_000_000,
+            shuffle_input_sentence=True, num_threads=2,
+            bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
+        )
+    except RuntimeError as e:
+        most = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
+                         str(e))
+        if most is None:
+            raise
+        from lnexp.errors import DataError
+
+        raise DataError(f"{train[0].parent}: the training text is too small for a {vocab_size}-piece "
+                        f"sentencepiece vocabulary (at most {most.group(2)}): pass a smaller "
+                        "--vocab-size") from None
     sp = spm.SentencePieceProcessor(model_file=str(out / SPM_MODEL))
     return lambda line: " ".join(sp.encode(line, out_type=str))
 

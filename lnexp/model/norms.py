@@ -6,7 +6,7 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import nn
 
-NORMS = ("layernorm", "rmsnorm")
+from lnexp.names import NORMS  # noqa: E402
 
 
 def make_norm(kind: str, dim: int) -> nn.Module:

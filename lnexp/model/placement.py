@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-PLACEMENTS = ("post_ln", "pre_ln", "peri_ln", "deepnorm")
+from lnexp.names import PLACEMENTS  # noqa: E402
 
 
 def deepnorm_constants(enc_layers: int, dec_layers: int) -> dict[str, tuple[float, float]]:

@@ -5,7 +5,6 @@ choose the placement (``--placement``), the norm (``--norm``), Kan et al.'s resi
 (``--residual-scale``) and Peri-LN's optional embedding norm (``--embed-norm``).
 """
 
-from __future__ import annotations
 
 from dataclasses import dataclass, field
 

@@ -1,0 +1,48 @@
+"""Dataset config -> prepared corpus, for training. The shipped corpus is prepared on first use."""
+
+from __future__ import annotations
+
+import fcntl
+from contextlib import contextmanager
+from pathlib import Path
+
+from lnexp.data.corpus import PreparedData, cache_root
+from lnexp.errors import DataError
+
+PREPARE_HINT = {
+    "iwslt14": "lnexp prepare iwslt14 --archive PATH/de-en.tgz",
+    "wmt14": "lnexp prepare wmt14 --dir PATH",
+}
+
+
+@contextmanager
+def file_lock(path: Path):
+    """Serialise preparation between the parallel runs of a sweep."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def load_for_training(dataset) -> PreparedData:
+    root = cache_root()
+    corpus = dataset.corpus
+    with file_lock(root / ".prepare.lock"):
+        if corpus == "multi30k":
+            from lnexp.data import multi30k
+
+            raw = dataset.get("dir")
+            return multi30k.prepare(Path(raw) if raw else None, src=dataset.src, tgt=dataset.tgt, subword=dataset.subword,
+                                    vocab_size=int(dataset.vocab_size), root=root)
+    if corpus not in PREPARE_HINT:
+        raise DataError(f"unknown corpus {corpus!r}: use dataset=multi30k, iwslt14_de_en or wmt14_en_de")
+    found = sorted(root.glob("*/prepared.json"))
+    for f in found:
+        data = PreparedData.load(f.parent)
+        if data.name.startswith(corpus) and data.src == dataset.src and data.tgt == dataset.tgt:
+            return data
+    raise DataError(f"{dataset.name} is not prepared in {root}: run `{PREPARE_HINT[corpus]}` first "
+                    "(or set LNEXP_CACHE to where it was prepared)")

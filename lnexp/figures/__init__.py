@@ -1,0 +1,1 @@
+"""Paper figures, one module per figure, one plot style."""

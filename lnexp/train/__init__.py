@@ -1,0 +1,1 @@
+"""Training: Hydra config -> fairseq settings, the run loop, per-epoch metrics, divergence."""

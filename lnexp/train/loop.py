@@ -1,0 +1,225 @@
+"""One training run: fairseq's Trainer driven epoch by epoch, exactly as fairseq-train drives it,
+plus per-epoch validation loss and BLEU, per-update logs, divergence and resumable checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lnexp import fairseq_adapter as fa
+from lnexp.train import settings
+from lnexp.train.divergence import PlateauRule, non_finite, unigram_entropy_bits
+from lnexp.train.evaluate import BleuScorer, validation_loss
+from lnexp.train.runlog import RunLog, read_json, write_json
+
+log = logging.getLogger("lnexp.train")
+FINAL = ("done", "diverged")
+UNITS = {"loss": "bits/token (label-smoothed cross-entropy, base 2, as fairseq logs it)",
+         "nll_loss": "bits/token (cross-entropy, base 2)", "bleu": "sacreBLEU (detokenised, 13a)",
+         "bleu_tok": "BLEU on Moses-tokenised lowercased text (tokenize=none, multi-bleu style)",
+         "wall_s": "seconds of training and validation since the run began"}
+
+
+def finished(run_dir: Path, max_epoch: int) -> dict | None:
+    status = read_json(settings.run_paths(run_dir)["status"], {})
+    if status.get("status") == "diverged" and status.get("stopped"):
+        return status
+    if status.get("status") in FINAL and (status.get("epoch", 0) >= max_epoch
+                                          or status.get("max_update_reached")):
+        return status
+    return None
+
+
+def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train (or resume) the run in ``run_dir``; returns its final status."""
+    import torch
+
+    from lnexp.data.registry import load_for_training
+
+    paths = settings.run_paths(run_dir)
+    done = finished(run_dir, int(cfg.max_epoch))
+    if done is not None:
+        log.info("%s: already %s at epoch %s, skipping", run_dir, done["status"], done.get("epoch"))
+        return done
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    data = load_for_training(cfg.dataset)
+    device = settings.resolve_device(cfg)
+    per_epoch = _updates_per_epoch(cfg, data, device) if cfg.schedule.name == "linear" else None
+    flags = settings.fairseq_flags(cfg, per_epoch, device)
+    stock = settings.stock_flags(flags)
+    flags.update(save_dir=paths["checkpoints"], no_progress_bar=True, disable_validation=True,
+                 no_epoch_checkpoints=True)
+    args = fa.training_args(data.bin_dir, flags)
+    fcfg = fa.to_fairseq_config(args)
+    task, model, criterion, trainer = fa.build_trainer(fcfg)
+    last = paths["checkpoints"] / "checkpoint_last.pt"
+    extra, epoch_itr = fa.epoch_iterator(fcfg, trainer, last)
+    state = (extra or {}).get("lnexp") or {"history": [], "wall_s": 0.0, "acc": _zero_acc(),
+                                          "diverged": None}
+    history: list[dict[str, Any]] = state["history"]
+    runlog = RunLog(paths, trainer.get_num_updates())
+    scorer = BleuScorer(task, data, int(cfg.eval.beam), float(cfg.eval.lenpen),
+                        int(cfg.eval.max_sentences), int(cfg.eval.subset))
+    paths["hyps"].mkdir(exist_ok=True)
+    _write_refs(paths["hyps"] / "valid.ref", scorer.refs)
+    entropy = unigram_entropy_bits(task.dataset("train").tgt,
+                                   Path(data.bin_dir) / f"unigram_entropy.{data.tgt}.json")
+    rule = PlateauRule(entropy, int(cfg.divergence.plateau_epoch),
+                       float(cfg.divergence.plateau_margin))
+    write_json(paths["run"], {
+        "config": OmegaConf.to_container(cfg, resolve=True), "data": data.__dict__,
+        "device": device, "torch_threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in model.parameters()),
+        "fairseq_flags": {k: str(v) for k, v in flags.items()},
+        "stock_fairseq_train": None if stock is None else shlex.join(
+            ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
+        "units": UNITS, "unigram_entropy_bits": entropy,
+        "bleu_signature": None, "started": state.get("started") or time.strftime("%FT%T"),
+    })
+    tracker = None
+    if cfg.track_norms:
+        from lnexp.probes import NormTracker
+
+        tracker = NormTracker(trainer.model, paths["norms"], int(cfg.track_every),
+                              trainer.get_num_updates())
+    status = {"status": "running", "epoch": len(history), "updates": trainer.get_num_updates()}
+    write_json(paths["status"], status)
+    t0 = time.perf_counter() - state["wall_s"]
+    save_every = int(cfg.save_interval_updates)
+    max_update = int(cfg.max_update)
+
+    def save(end_of_epoch: bool) -> None:
+        state["wall_s"] = time.perf_counter() - t0
+        if end_of_epoch:
+            runlog.epoch(history)
+        else:
+            runlog.flush_updates()
+        _save_checkpoint(trainer, epoch_itr, state, last)
+
+    try:
+        while epoch_itr.next_epoch_idx <= int(cfg.max_epoch):
+            epoch = epoch_itr.next_epoch_idx
+            itr = epoch_itr.next_epoch_itr(fix_batches_to_gpus=False,
+                                           shuffle=epoch > fcfg.dataset.curriculum)
+            itr = fa.grouped(itr, fcfg)
+            trainer.begin_epoch(epoch)
+            acc = state["acc"]
+            for samples in itr:
+                lr = trainer.get_lr()
+                step = fa.train_step(trainer, samples)
+                n = trainer.get_num_updates()
+                if step is None or non_finite(step["loss"]):
+                    state["diverged"] = {"reason": "non-finite loss or gradient", "update": n + 1,
+                                         "epoch": epoch}
+                    break
+                runlog.update({"update": n, "epoch": epoch, "lr": lr, **step})
+                for key in ("loss", "nll_loss"):
+                    acc[key] += step[key] * step["sample_size" if key == "loss" else "ntokens"]
+                acc["sample_size"] += step["sample_size"]
+                acc["ntokens"] += step["ntokens"]
+                if tracker is not None:
+                    tracker.after_update(n)
+                if max_update and n >= max_update:
+                    break
+                if save_every and n % save_every == 0 and not epoch_itr.end_of_epoch():
+                    save(end_of_epoch=False)
+            if state["diverged"]:
+                break
+            record, state["signature"] = _end_of_epoch(task, trainer, scorer, epoch, acc, paths,
+                                                       device, t0)
+            history.append(record)
+            state["acc"] = _zero_acc()
+            trainer.lr_step(epoch, record["valid_loss"])
+            if state["diverged"] is None and rule.stuck(epoch, record["valid_nll_loss"]):
+                state["diverged"] = {"reason": f"plateau: valid nll {record['valid_nll_loss']:.2f}"
+                                     f" bits >= unigram entropy {entropy:.2f} - {rule.margin_bits}",
+                                     "update": record["updates"], "epoch": epoch}
+            _log_epoch(record)
+            save(end_of_epoch=True)
+            _keep_best(paths["checkpoints"], history)
+            if state["diverged"] and (cfg.divergence.stop or not math.isfinite(record["valid_loss"])):
+                break
+            if max_update and trainer.get_num_updates() >= max_update:
+                break
+    finally:
+        runlog.close()
+    div = state["diverged"]
+    if div and div["reason"].startswith("non-finite"):
+        save(end_of_epoch=True)
+    status = {"status": "diverged" if div else "done", "epoch": len(history),
+              "updates": trainer.get_num_updates(), "diverged": div,
+              "stopped": bool(div) and len(history) < int(cfg.max_epoch),
+              "max_update_reached": bool(max_update) and trainer.get_num_updates() >= max_update,
+              "wall_s": round(time.perf_counter() - t0, 1)}
+    run_json = read_json(paths["run"], {})
+    run_json["bleu_signature"] = state.get("signature")
+    write_json(paths["run"], run_json)
+    write_json(paths["status"], status)
+    return status
+
+
+def _zero_acc() -> dict[str, float]:
+    return {"loss": 0.0, "nll_loss": 0.0, "sample_size": 0.0, "ntokens": 0.0}
+
+
+def _end_of_epoch(task, trainer, scorer: BleuScorer, epoch: int, acc: dict, paths, device: str,
+                  t0: float) -> tuple[dict[str, Any], str | None]:
+    t_valid = time.perf_counter()
+    val = validation_loss(task, trainer)
+    bleu = scorer.score(trainer.model, device, paths["hyps"] / f"valid_epoch{epoch:03d}.txt")
+    record: dict[str, Any] = {
+        "epoch": epoch, "updates": trainer.get_num_updates(), "lr": trainer.get_lr(),
+        "train_loss": acc["loss"] / max(acc["sample_size"], 1),
+        "train_nll_loss": acc["nll_loss"] / max(acc["ntokens"], 1),
+        "valid_loss": val.loss, "valid_nll_loss": val.nll_loss, "valid_ppl": val.ppl,
+        "valid_bleu": bleu.bleu,
+    }
+    if bleu.bleu_tok is not None:
+        record["valid_bleu_tok"] = bleu.bleu_tok
+    record["valid_s"] = round(time.perf_counter() - t_valid, 2)
+    record["wall_s"] = round(time.perf_counter() - t0, 2)
+    return record, bleu.signature
+
+
+def _log_epoch(r: dict[str, Any]) -> None:
+    log.info("epoch %d | updates %d | lr %.3g | train %.3f | valid %.3f | BLEU %.2f | %.0fs",
+             r["epoch"], r["updates"], r["lr"], r["train_loss"], r["valid_loss"], r["valid_bleu"],
+             r["wall_s"])
+
+
+def _write_refs(path: Path, refs: list[str]) -> None:
+    from lnexp.train.runlog import write_atomic
+
+    write_atomic(path, "".join(r + "\n" for r in refs))
+
+
+def _save_checkpoint(trainer, epoch_itr, state: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    trainer.consolidate_optimizer()
+    trainer.save_checkpoint(str(tmp), {"train_iterator": epoch_itr.state_dict(), "lnexp": state})
+    tmp.replace(path)
+
+
+def _keep_best(ckpt_dir: Path, history: list[dict[str, Any]]) -> None:
+    import shutil
+
+    losses = [r["valid_loss"] for r in history]
+    if losses and losses[-1] == min(losses) and math.isfinite(losses[-1]):
+        tmp = ckpt_dir / ".checkpoint_best.pt.tmp"
+        shutil.copyfile(ckpt_dir / "checkpoint_last.pt", tmp)
+        tmp.replace(ckpt_dir / "checkpoint_best.pt")
+
+
+def _updates_per_epoch(cfg: DictConfig, data, device: str) -> int:
+    flags = settings.fairseq_flags(cfg, 1, device)
+    return fa.updates_per_epoch(data.bin_dir, flags)

@@ -1,0 +1,105 @@
+"""What a run writes: metrics.jsonl (per epoch), updates.csv (per update), TensorBoard, status.
+
+Files are rewritten atomically from the state that the last checkpoint holds, so after a kill and
+a resume they contain exactly what an uninterrupted run would have written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+UPDATE_FIELDS = ("update", "epoch", "lr", "loss", "nll_loss", "gnorm", "ntokens")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=1, default=str) + "\n")
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+class RunLog:
+    def __init__(self, paths: dict[str, Path], resume_update: int, tensorboard: bool = True) -> None:
+        self.paths = paths
+        self.updates: list[dict[str, Any]] = [
+            r for r in _read_csv(paths["updates"]) if int(r["update"]) <= resume_update]
+        self._unflushed = 0
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(paths["tb"]), purge_step=resume_update + 1)
+
+    def update(self, row: dict[str, Any]) -> None:
+        self.updates.append(row)
+        self._unflushed += 1
+        if self.tb is not None:
+            step = row["update"]
+            for key in ("lr", "loss", "nll_loss", "gnorm"):
+                if row.get(key) is not None:
+                    self.tb.add_scalar(f"train/{key}", row[key], step)
+
+    def scalars(self, prefix: str, values: dict[str, float], step: int) -> None:
+        if self.tb is not None:
+            for key, value in values.items():
+                self.tb.add_scalar(f"{prefix}/{key}", value, step)
+
+    def epoch(self, history: list[dict[str, Any]]) -> None:
+        """Persist the per-epoch history and the per-update rows (called at checkpoints)."""
+        write_atomic(self.paths["metrics"], "".join(json.dumps(r) + "\n" for r in history))
+        self.flush_updates()
+        if history and self.tb is not None:
+            last = history[-1]
+            self.scalars("valid", {k[6:]: v for k, v in last.items()
+                                   if k.startswith("valid_") and isinstance(v, float)},
+                          last["updates"])
+            self.tb.flush()
+
+    def flush_updates(self) -> None:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=UPDATE_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(self.updates)
+        write_atomic(self.paths["updates"], buf.getvalue())
+        self._unflushed = 0
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
