@@ -265,3 +265,29 @@ def load_checkpoint_state(path: Path) -> dict:
     allow_fairseq_checkpoint_globals()
     with open(path, "rb") as f:
         return torch.load(f, map_location="cpu", weights_only=True)
+
+
+# --- measurement objects (lnexp.probes, lnexp.figures.fig3/theory) ------------------------------
+
+
+def setup_task(cfg, splits: tuple[str, ...] = ("train",)):
+    """fairseq's task of a config (dictionaries), with ``splits`` loaded."""
+    from fairseq import tasks, utils
+
+    utils.import_user_module(cfg.common)
+    task = tasks.setup_task(cfg.task)
+    for split in splits:
+        task.load_dataset(split, combine=False, epoch=1)
+    return task
+
+
+def build_model(cfg, task, seed: int):
+    """The model of ``cfg`` initialised from ``seed`` (torch seeded as fairseq-train seeds it)."""
+    from fairseq import utils
+
+    utils.set_torch_seed(seed)
+    return task.build_model(cfg.model)
+
+
+def build_criterion(cfg, task):
+    return task.build_criterion(cfg.criterion)

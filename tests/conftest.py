@@ -87,7 +87,7 @@ def small_multi30k(tmp_path_factory) -> Path:
     return raw
 
 
-def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 300):
+def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
     """Run the installed CLI in a subprocess, as a user would."""
     import subprocess
     import sys

@@ -84,7 +84,8 @@ def read_lines(path: Path) -> list[str]:
                     raise DataError(f"{path}:{n}: not UTF-8 text ({e.reason}); re-encode the file "
                                     "as UTF-8") from None
         except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"{path}: damaged gzip file ({e}); download it again") from None
+            raise DataError(f"{path}: damaged gzip file ({' '.join(str(e).split())}); download it "
+                            "again") from None
     return lines
 
 

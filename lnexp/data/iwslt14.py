@@ -111,8 +111,13 @@ class Release:
                         assert fh is not None
                         found[f] = fh.read()
         except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-            raise DataError(f"{self.path}: damaged archive ({e}); download de-en.tgz again") from None
+            raise DataError(f"{self.path}: damaged archive ({_one_line(e)}); download {PAIR}.tgz "
+                            "again") from None
         return found
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())
 
 
 def _member_name(name: str) -> str:
@@ -137,9 +142,12 @@ def open_release(path: Path) -> Release:
     try:
         with tarfile.open(path, "r:*") as tf:
             names = {_member_name(m.name) for m in tf.getmembers() if m.isfile()}
+    except tarfile.ReadError:
+        raise DataError(f"{path}: not a readable .tgz archive; pass {PAIR}.tgz or the folder it "
+                        "unpacks to") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
-        raise DataError(f"{path}: not a readable .tgz archive ({e}); pass {PAIR}.tgz or the folder "
-                        "it unpacks to") from None
+        raise DataError(f"{path}: not a readable .tgz archive ({_one_line(e)}); pass {PAIR}.tgz "
+                        "or the folder it unpacks to") from None
     prefix = f"{PAIR}/" if any(n.startswith(f"{PAIR}/") for n in names) else ""
     members = {}
     for f in REQUIRED:

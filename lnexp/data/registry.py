@@ -27,6 +27,34 @@ def file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def check_available(dataset) -> None:
+    """Fail before any run starts if the corpus is neither shipped, given, nor prepared."""
+    if dataset.corpus == "multi30k":
+        from lnexp.data import multi30k
+
+        raw = Path(dataset.get("dir") or multi30k.default_dir())
+        missing = [f"{stem}.{lang}.gz" for stem in multi30k.FILES.values()
+                   for lang in (dataset.src, dataset.tgt) if not (raw / f"{stem}.{lang}.gz").is_file()]
+        if missing:
+            raise DataError(f"{raw} lacks {', '.join(missing)}: point dataset.dir at a folder with "
+                            "Multi30k's raw *.gz files (or drop it to use the shipped copy)")
+        return
+    _find_prepared(dataset)
+
+
+def _find_prepared(dataset) -> PreparedData:
+    root = cache_root()
+    corpus = dataset.corpus
+    if corpus not in PREPARE_HINT:
+        raise DataError(f"unknown corpus {corpus!r}: use dataset=multi30k, iwslt14_de_en or wmt14_en_de")
+    for f in sorted(root.glob("*/prepared.json")):
+        data = PreparedData.load(f.parent)
+        if data.name.startswith(corpus) and data.src == dataset.src and data.tgt == dataset.tgt:
+            return data
+    raise DataError(f"{dataset.name} is not prepared in {root}: run `{PREPARE_HINT[corpus]}` first "
+                    "(or set LNEXP_CACHE to where it was prepared)")
+
+
 def load_for_training(dataset) -> PreparedData:
     root = cache_root()
     corpus = dataset.corpus
@@ -37,12 +65,4 @@ def load_for_training(dataset) -> PreparedData:
             raw = dataset.get("dir")
             return multi30k.prepare(Path(raw) if raw else None, src=dataset.src, tgt=dataset.tgt, subword=dataset.subword,
                                     vocab_size=int(dataset.vocab_size), root=root)
-    if corpus not in PREPARE_HINT:
-        raise DataError(f"unknown corpus {corpus!r}: use dataset=multi30k, iwslt14_de_en or wmt14_en_de")
-    found = sorted(root.glob("*/prepared.json"))
-    for f in found:
-        data = PreparedData.load(f.parent)
-        if data.name.startswith(corpus) and data.src == dataset.src and data.tgt == dataset.tgt:
-            return data
-    raise DataError(f"{dataset.name} is not prepared in {root}: run `{PREPARE_HINT[corpus]}` first "
-                    "(or set LNEXP_CACHE to where it was prepared)")
+    return _find_prepared(dataset)

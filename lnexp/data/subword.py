@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lnexp.data.cache import cached_stage
-from lnexp.data.corpus import SPLITS, read_lines, write_lines
+from lnexp.data.corpus import SPLITS, progress, read_lines, write_lines
 
 log = logging.getLogger("lnexp.data")
 SUBWORDS = ("sentencepiece", "subword_nmt")
@@ -31,7 +31,8 @@ def subword_stage(
         for split in SPLITS:
             for lang in (src, tgt):
                 lines = read_lines(text_dir / f"{split}.{lang}")
-                write_lines(tmp / f"{split}.{lang}", [encode(line) for line in lines])
+                write_lines(tmp / f"{split}.{lang}", [
+                    encode(line) for line in progress(lines, f"{name}/subword: {split}.{lang}")])
 
     out, _ = cached_stage(f"{name}/subword", out, inputs, {"kind": kind, "vocab": vocab_size},
                           build)

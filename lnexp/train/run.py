@@ -13,11 +13,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lnexp.errors import ConfigError
+from lnexp.errors import ConfigError, UserError
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 log = logging.getLogger("lnexp.train")
-_FAILED: list[str] = []
+_FAILED: list[tuple[str, str]] = []  # (kind, message) of runs that did not finish
 
 
 def _register_resolvers() -> None:
@@ -51,6 +51,7 @@ def check_overrides(argv: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from lnexp.data.registry import check_available
     from lnexp.train.settings import validate
 
     overrides = _task_overrides(argv)
@@ -75,6 +76,7 @@ def check_overrides(argv: list[str]) -> None:
                     raise ConfigError(f"{_first_line(e)} (lnexp train --help lists the options)") \
                         from None
                 validate(cfg)
+                check_available(cfg.dataset)
     finally:
         GlobalHydra.instance().clear()
 
@@ -100,8 +102,8 @@ def _job(cfg: DictConfig) -> None:
         status = train_run(cfg, run_dir)
         print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
         _print_summary(run_dir)
-    except ConfigError as e:
-        _FAILED.append(str(e))
+    except UserError as e:
+        _FAILED.append(("user", str(e)))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
         from lnexp.train.runlog import write_json
@@ -109,7 +111,7 @@ def _job(cfg: DictConfig) -> None:
 
         (run_dir / "error.log").write_text(traceback.format_exc())
         write_json(run_paths(run_dir)["status"], {"status": "failed", "error": _first_line(e)})
-        _FAILED.append(str(e))
+        _FAILED.append(("crash", str(e)))
         print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {run_dir}/error.log)",
               file=sys.stderr)
 
@@ -147,6 +149,8 @@ def main(argv: list[str]) -> int:
         hydra_main()
     finally:
         sys.argv = old
+    if any(kind == "user" for kind, _ in _FAILED):
+        return 2
     return 1 if _FAILED else 0
 
 

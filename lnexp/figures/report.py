@@ -1,0 +1,201 @@
+"""``lnexp figure report``: report/README.md, every figure and a claim-by-claim table.
+
+Everything measured is read from what the figure commands wrote (figures/*_checks.json,
+figures/*_summary.csv); nothing measured is written here by hand. A figure whose files are missing
+gets "not run yet: make NAME" instead of failing. Checks JSON are read generically: a list under
+"checks" (or a top-level list) of objects with a claim, the paper's value, ours and pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+SECTIONS = [
+    ("fig3", "Gradient norms at initialisation (Fig. 3)"),
+    ("theory", "Theory at initialisation (lemmas, hidden-state growth)"),
+    ("fig2", "Warm-up ablation with Post-LN (Fig. 2)"),
+    ("fig4", "Convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)"),
+]
+SCALE_TEXT = {
+    "mini": ("mini: 6+6 layers, d=128, FFN 512, 4 heads, shared embeddings, label smoothing 0.1, "
+             "dropout 0.1, 4096 tokens per batch (~130 updates per Multi30k epoch), greedy decoding "
+             "for the per-epoch BLEU, CPU."),
+    "paper": ("paper: the paper's architectures and batches (IWSLT14: 6+6, d=512, FFN 1024, 4 heads, "
+              "4096 tokens, beam 5; WMT14: Transformer base, 8192 tokens x 16), GPU."),
+}
+MINI_MAPPING = """\
+How the paper's settings map to the mini scale (configs/experiment/*_mini.yaml):
+- Warm-up: the paper's 4000 updates (3.6 IWSLT epochs) become 100 updates (0.77 Multi30k epoch, the
+  mini scale's calibrated warm-up); the paper's 500 keep the ratio 1:8 and become 13 updates. Taken
+  proportionally in epochs, 4000 would be ~470 updates, longer than a whole 2-epoch mini run.
+- "No warm-up" is warmup=0 (lr_max from the first update).
+- Fig. 2 holds lr_max constant after the warm-up instead of the paper's inverse-sqrt decay: at this
+  scale inverse-sqrt from the first update lowers the lr so fast that Post-LN neither stalls nor
+  trains in 2 epochs, whereas lr_max held from the first update stalls it, as in the paper.
+- Fig. 4 uses lr 1e-3 for every arm (the mini scale's lr) with the paper's Pre-LN schedule
+  (x0.1 at epoch 8), which a 4-epoch run never reaches: every arm holds lr_max after its warm-up.
+- Losses are in bits/token (fairseq's base-2 loss); "1 nat" = 1.4427 bits, converted explicitly.
+"""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _first(d: dict, *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in d and d[k] is not None:
+            return d[k]
+    return default
+
+
+def _cell(x: Any) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    if isinstance(x, dict | list):
+        return json.dumps(x, default=str)[:200]
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def check_rows(doc: Any) -> list[dict[str, str]]:
+    """Normalise any figure's checks JSON into rows: claim, paper, ours, holds."""
+    items = doc.get("checks", []) if isinstance(doc, dict) else doc if isinstance(doc, list) else []
+    if isinstance(items, dict):  # {"name": {...}} form
+        items = [{"claim": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in items.items()]
+    rows = []
+    for c in items:
+        if not isinstance(c, dict):
+            continue
+        passed = _first(c, "pass", "passed", "holds", "ok")
+        holds = {True: "yes", False: "**no**"}.get(passed, "not measured") if isinstance(
+            passed, bool | type(None)) else _cell(passed)
+        if c.get("required") is False:
+            holds += " (informational)"
+        rows.append({"claim": _cell(_first(c, "claim", "description", "name", "id", default="")),
+                     "paper": _cell(_first(c, "paper", "paper_value", "expected", default="")),
+                     "ours": _cell(_first(c, "ours", "measured_text", "measured", "value", default="")),
+                     "holds": holds})
+    return rows
+
+
+def _summary_table(path: Path, cols: list[str]) -> list[str]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return []
+    cols = [c for c in cols if c in rows[0]]
+    lines = [f"Final values per run (from `{path.as_posix()}`; losses in bits/token):", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(r[c] or "" for c in cols) + " |" for r in rows]
+    return lines + [""]
+
+
+def hardware() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        import torch
+
+        threads = torch.get_num_threads()
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+        tv = torch.__version__
+    except Exception:
+        threads, gpu, tv = "?", "?", "?"
+    return (f"{model}, {cores} cores available, torch {tv} with {threads} threads, GPU: {gpu}; "
+            f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
+
+
+def data_line(runs_root: Path, scale: str) -> str:
+    from lnexp.results import collect_runs
+
+    for r in collect_runs(runs_root):
+        data = (_read_json(r.dir / "run.json") or {}).get("data") or {}
+        if data and r.experiment.endswith(scale):
+            counts = data.get("counts") or {}
+            sizes = ", ".join(f"{k} {v}" for k, v in counts.items())
+            return (f"{data.get('name')} {data.get('src')}-{data.get('tgt')} ({data.get('subword')}, "
+                    f"{sizes or 'sizes not recorded'})")
+    return ("Multi30k de-en (shipped in data/multi30k: 29,000 train / 1,014 valid / 1,000 test pairs)"
+            if scale == "mini" else "IWSLT14 de-en and WMT14 en-de (prepared with lnexp prepare)")
+
+
+def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
+    rel = os.path.relpath(figures, report_dir)
+    out = [f"# lnexp report: LayerNorm placement (Xiong et al. 2020), scale `{scale}`", "",
+           f"- **Scale**: {SCALE_TEXT.get(scale, scale)}",
+           f"- **Data**: {data_line(runs_root, scale)}",
+           f"- **Hardware**: {hardware()}", ""]
+    if scale == "mini":
+        out += [MINI_MAPPING]
+    summary = []
+    for name, title in SECTIONS:
+        out += [f"## {title}", ""]
+        doc = _read_json(figures / f"{name}_checks.json")
+        png = figures / f"{name}.png"
+        if doc is None and not png.is_file():
+            out += [f"not run yet: make {name}" + (f" SCALE={scale}" if scale != "mini" else ""), ""]
+            summary.append((name, "not run yet"))
+            continue
+        if isinstance(doc, dict) and doc.get("scale") not in (None, scale):
+            out += [f"(these files were made at scale `{doc.get('scale')}`, not `{scale}`)", ""]
+        if png.is_file():
+            out += [f"![{name}]({rel}/{name}.png)", ""]
+        rows = check_rows(doc) if doc is not None else []
+        if rows:
+            out += ["| claim of the paper | paper's value | our value at this scale | holds? |",
+                    "|---|---|---|---|"]
+            out += [f"| {r['claim']} | {r['paper']} | {r['ours']} | {r['holds']} |" for r in rows]
+            out += [""]
+            req = [c for c in (doc.get("checks", []) if isinstance(doc, dict) else [])
+                   if isinstance(c, dict) and c.get("required", True)]
+            verdict = "all required checks hold" if req and all(
+                _first(c, "pass", "passed", "holds") is True for c in req) else "some checks do not hold"
+            summary.append((name, verdict))
+        else:
+            out += [f"no checks file ({name}_checks.json)", ""]
+            summary.append((name, "figure only"))
+        out += _summary_table(figures / f"{name}_summary.csv",
+                              ["run", "lr", "warmup", "seed", "status", "diverged_update", "final_epoch",
+                               "final_valid_loss", "final_valid_loss_nats", "final_valid_bleu"])
+    out += ["## Summary", "", "| figure | result |", "|---|---|"]
+    out += [f"| {n} | {v} |" for n, v in summary]
+    out += ["", "Numbers above are read from the figures' CSV and JSON files; regenerate with "
+            f"`make report SCALE={scale}`.", ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="lnexp figure report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", default="mini", choices=("mini", "paper"))
+    ap.add_argument("--figures", default="figures", type=Path, help="where the figures are")
+    ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (data sizes)")
+    ap.add_argument("--out", default="report", type=Path, help="report folder (README.md goes there)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = build(args.figures, args.out, args.scale, args.runs_root)
+    path = args.out / "README.md"
+    tmp = path.with_name(".README.md.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,38 @@
+"""One plot style for every figure: series named as in the paper, same colours everywhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+COLORS = {"post_ln": "#d62728", "pre_ln": "#1f77b4", "peri_ln": "#2ca02c", "deepnorm": "#9467bd"}
+LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepnorm": "DeepNorm"}
+
+
+def setup():
+    """Headless matplotlib with lnexp's rc settings; returns pyplot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({
+        "figure.dpi": 120, "savefig.dpi": 150, "font.size": 9, "axes.titlesize": 10,
+        "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 8, "legend.frameon": False,
+        "axes.spines.top": False, "axes.spines.right": False, "lines.linewidth": 1.6,
+    })
+    return plt
+
+
+def save(fig, out_dir: Path, name: str, note: str | None = None) -> list[Path]:
+    """Write NAME.png and NAME.pdf (atomically); ``note`` goes under the figure (scale, data)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if note:
+        fig.text(0.01, 0.005, note, fontsize=7, color="0.35", ha="left", va="bottom")
+    paths = []
+    for ext in ("png", "pdf"):
+        final = out_dir / f"{name}.{ext}"
+        tmp = out_dir / f".{name}.tmp.{ext}"
+        fig.savefig(tmp, bbox_inches="tight")
+        tmp.replace(final)
+        paths.append(final)
+    return paths

@@ -1,0 +1,248 @@
+"""``lnexp results``: the table of runs under a runs root, and the Python API figures read runs through.
+
+    lnexp results [KEY=VALUE ...] [--runs-root DIR] [--csv [PATH|-]]
+
+A run is a directory holding ``.hydra/config.yaml`` or ``status.json`` (what ``lnexp train`` writes).
+Its configuration comes from ``run.json`` (resolved) or else Hydra's ``.hydra/config.yaml``; its
+state from ``status.json``; its curves from ``metrics.jsonl``. Filters match table columns
+(``placement=post_ln status=diverged experiment=fig2_mini``) or dotted config keys
+(``dataset.name=multi30k``); numbers compare as numbers (``lr=1e-3`` matches ``lr=0.001``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lnexp.errors import UserError
+
+COLUMNS = ("run", "experiment", "placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed",
+           "epochs", "max_epoch", "updates", "best_valid_loss", "best_bleu", "status", "diverged_update",
+           "diverged_reason")
+STATUSES = ("done", "diverged", "failed", "running", "pending")
+
+
+@dataclass
+class Run:
+    """One run directory: its resolved config, status and per-epoch metrics."""
+
+    dir: Path
+    name: str
+    config: dict[str, Any]
+    status: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    overrides: list[str] = field(default_factory=list)
+
+    def get(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @property
+    def experiment(self) -> str:
+        for o in self.overrides:
+            if o.startswith("experiment="):
+                return o.split("=", 1)[1]
+        return ""
+
+    @property
+    def state(self) -> str:
+        return str(self.status.get("status") or "pending")
+
+    @property
+    def diverged(self) -> dict | None:
+        return self.status.get("diverged") or None
+
+    def series(self, key: str) -> list[float]:
+        return [float(r[key]) if r.get(key) is not None else math.nan for r in self.metrics]
+
+    def row(self) -> dict[str, Any]:
+        valid = [v for v in self.series("valid_loss") if math.isfinite(v)]
+        bleu = [v for v in self.series("valid_bleu") if math.isfinite(v)]
+        div = self.diverged or {}
+        enc, dec = self.get("depth.encoder_layers"), self.get("depth.decoder_layers")
+        return {
+            "run": self.name, "experiment": self.experiment,
+            "placement": self.get("placement.name"), "optimizer": self.get("optimizer.name"),
+            "lr": self.get("lr"), "warmup": self.get("warmup"), "schedule": self.get("schedule.name"),
+            "depth": f"{enc}+{dec}" if enc is not None else None, "seed": self.get("seed"),
+            "epochs": len(self.metrics), "max_epoch": self.get("max_epoch"),
+            "updates": self.status.get("updates", self.metrics[-1]["updates"] if self.metrics else 0),
+            "best_valid_loss": min(valid) if valid else None, "best_bleu": max(bleu) if bleu else None,
+            "status": self.state, "diverged_update": div.get("update"),
+            "diverged_reason": div.get("reason"),
+        }
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def _read_yaml(path: Path) -> Any:
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    try:
+        cfg = OmegaConf.load(path)
+        try:
+            return OmegaConf.to_container(cfg, resolve=True)
+        except Exception:  # interpolations that only Hydra can resolve
+            return OmegaConf.to_container(cfg, resolve=False)
+    except Exception:
+        return None
+
+
+def _metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                break
+    return rows
+
+
+def load_run(run_dir: Path, root: Path | None = None) -> Run:
+    run_dir = Path(run_dir)
+    config = (_read_json(run_dir / "run.json", {}) or {}).get("config") \
+        or _read_yaml(run_dir / ".hydra" / "config.yaml") or {}
+    overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml") or []
+    name = str(run_dir.relative_to(root)) if root is not None else run_dir.name
+    return Run(run_dir, name, config, _read_json(run_dir / "status.json", {}) or {},
+               _metrics(run_dir / "metrics.jsonl"), [str(o) for o in overrides])
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = set()
+    for marker in ("status.json", ".hydra/config.yaml"):
+        for p in root.glob(f"**/{marker}"):
+            d = p.parent.parent if marker.startswith(".hydra") else p.parent
+            if "checkpoints" not in d.parts:
+                found.add(d)
+    return sorted(found)
+
+
+def _matches(value: Any, wanted: str) -> bool:
+    if value is None:
+        return wanted.lower() in ("none", "null", "")
+    if isinstance(value, bool):
+        return str(value).lower() == wanted.lower()
+    try:
+        return math.isclose(float(value), float(wanted), rel_tol=1e-9, abs_tol=0.0)
+    except (TypeError, ValueError):
+        return str(value) == wanted
+
+
+def collect_runs(root: Path | str = "runs", **filters: Any) -> list[Run]:
+    """Every run under ``root`` that matches ``filters`` (column or dotted config key -> value)."""
+    root = Path(root)
+    runs = [load_run(d, root) for d in find_run_dirs(root)]
+    out = []
+    for run in runs:
+        row = run.row()
+        ok = True
+        for key, wanted in filters.items():
+            key = key.replace("__", ".")
+            value = row[key] if key in row else run.get(key, _MISSING)
+            if value is _MISSING or not _matches(value, str(wanted)):
+                ok = False
+                break
+        if ok:
+            out.append(run)
+    return out
+
+
+_MISSING = object()
+
+
+def parse_filters(items: list[str]) -> dict[str, str]:
+    filters = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"filter {item!r} is not KEY=VALUE: e.g. placement=post_ln status=diverged")
+        key, value = item.split("=", 1)
+        if not key:
+            raise UserError(f"filter {item!r} has no key: e.g. warmup=0")
+        if key == "status" and value not in STATUSES:
+            raise UserError(f"status={value!r} is not one of {', '.join(STATUSES)}")
+        filters[key] = value
+    return filters
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e-2 or abs(value) >= 1e4 else f"{value:.3f}"
+    return str(value)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    cols = [c for c in COLUMNS if c not in ("diverged_reason", "max_epoch")]
+    head = {"best_valid_loss": "best_valid", "diverged_update": "div_update"}
+    cells = [[head.get(c, c) for c in cols]]
+    for r in rows:
+        cell = [_fmt(r[c]) for c in cols]
+        cell[cols.index("epochs")] = f"{r['epochs']}/{_fmt(r['max_epoch'])}"
+        cells.append(cell)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="lnexp results", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="losses in bits/token; best_bleu: sacreBLEU on the validation set")
+    ap.add_argument("filters", nargs="*", help="KEY=VALUE, e.g. placement=post_ln warmup=0 status=diverged")
+    ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (default: runs)")
+    ap.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",
+                    help="write CSV to PATH (or stdout with - or no value) instead of the table")
+    args = ap.parse_args(argv)
+    filters = parse_filters(args.filters)
+    if not args.runs_root.is_dir():
+        raise UserError(f"no runs root {args.runs_root}: train first (lnexp train ...) or pass --runs-root")
+    rows = [r.row() for r in collect_runs(args.runs_root, **filters)]
+    if args.csv is not None:
+        text = to_csv(rows)
+        if args.csv == "-":
+            sys.stdout.write(text)
+        else:
+            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.csv).write_text(text)
+            print(f"{len(rows)} runs -> {args.csv}")
+        return 0
+    if not rows:
+        print(f"no runs under {args.runs_root}" + (" match " + " ".join(args.filters) if filters else ""))
+        return 0
+    print(table(rows))
+    counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
+    print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+          + "  (losses in bits/token)")
+    return 0

@@ -1,0 +1,217 @@
+"""Shared helpers of the benchmark scripts: machine load, matmul peak, lnexp configs, tables.
+
+Everything heavy (torch, fairseq, hydra) is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+# model name on the command line -> lnexp architecture (stock equivalents: settings.stock_flags)
+ARCHS = {"mini": "ln_transformer_mini", "iwslt": "ln_transformer_iwslt_de_en"}
+# --quick / --tiny: the shipped data's first pairs, 2+2 layers of the mini model, small batches
+QUICK_OVERRIDES = ["depth.encoder_layers=2", "depth.decoder_layers=2", "scale.max_tokens=512"]
+
+
+def machine_line() -> str:
+    """Date, load average, CPU and torch threads: printed above every table."""
+    import torch
+
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    cpu = _cpu_model()
+    return (f"# {time.strftime('%Y-%m-%d %H:%M')} | load avg (1/5/15 min) {load} | {os.cpu_count()} CPUs "
+            f"({cpu}) | torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+
+def load_now() -> float:
+    return os.getloadavg()[0]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def matmul_peak(n: int = 2048, dtype: str = "float32", device: str = "cpu", reps: int = 10,
+                seconds: float = 0.0) -> float:
+    """Best-of-``reps`` FLOP/s of an n x n x n matrix multiply (2 n^3 FLOPs) with torch's threads."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    a = torch.randn(n, n, device=device).to(dt)
+    b = torch.randn(n, n, device=device).to(dt)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for _ in range(3):
+        a @ b
+    sync()
+    best = float("inf")
+    inner = 10 if device == "cuda" else 1
+    end = time.perf_counter() + seconds
+    i = 0
+    while i < reps or time.perf_counter() < end:
+        t = time.perf_counter()
+        for _ in range(inner):
+            a @ b
+        sync()
+        best = min(best, (time.perf_counter() - t) / inner)
+        i += 1
+    return 2 * n ** 3 / best
+
+
+def compose(overrides: list[str]):
+    """lnexp's train config with these overrides (as ``lnexp train`` composes it), resolved."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from lnexp.train.run import CONFIG_DIR, _register_resolvers
+
+    _register_resolvers()
+    if "fairseq" in sys.modules:  # its Hydra schemas would clash with lnexp's config groups
+        from lnexp.fairseq_adapter import hide_fairseq_schemas
+
+        hide_fairseq_schemas()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
+            cfg = hydra_compose("train", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    return FlopCounterMode(display=False)
+
+
+class LnexpTrainer:
+    """lnexp's training path in-process: config -> fairseq flags -> Trainer, batches, updates.
+
+    The same adapter calls as ``lnexp.train.loop.train_run`` (settings.fairseq_flags,
+    fa.training_args, fa.to_fairseq_config, fa.build_trainer, fa.epoch_iterator, fa.grouped,
+    fa.train_step), without its logging, so update time and evaluation time can be taken apart.
+    """
+
+    def __init__(self, overrides: list[str]) -> None:
+        import torch
+
+        from lnexp import fairseq_adapter as fa
+        from lnexp.data.registry import load_for_training
+        from lnexp.train import settings
+
+        self.cfg = cfg = compose(overrides)
+        settings.validate(cfg)
+        if cfg.threads:
+            torch.set_num_threads(int(cfg.threads))
+        self.data = load_for_training(cfg.dataset)
+        self.device = settings.resolve_device(cfg)
+        flags = settings.fairseq_flags(cfg, 1, self.device)
+        self.updates_per_epoch = fa.updates_per_epoch(self.data.bin_dir, flags)
+        flags = settings.fairseq_flags(cfg, self.updates_per_epoch, self.device)
+        flags.update(save_dir="/nonexistent/lnexp-bench", no_progress_bar=True,
+                     disable_validation=True, no_epoch_checkpoints=True)
+        self.flags = flags
+        self.fcfg = fa.to_fairseq_config(fa.training_args(self.data.bin_dir, flags))
+        self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
+        _, self.epoch_itr = fa.epoch_iterator(self.fcfg, self.trainer, None)
+        self._itr = None
+
+    def params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def _next(self):
+        from lnexp import fairseq_adapter as fa
+
+        while True:
+            if self._itr is None:
+                itr = self.epoch_itr.next_epoch_itr(fix_batches_to_gpus=False, shuffle=True)
+                self.trainer.begin_epoch(self.epoch_itr.epoch)
+                self._itr = iter(fa.grouped(itr, self.fcfg))
+            try:
+                return next(self._itr)
+            except StopIteration:
+                self._itr = None
+
+    def run(self, warmup: int, updates: int, count_flops: int = 1) -> dict[str, Any]:
+        """``warmup`` untimed updates (the first ``count_flops`` of them under FlopCounterMode),
+        then ``updates`` timed ones: target tokens/s over the timed window, FLOPs per token."""
+        import torch
+
+        from lnexp import fairseq_adapter as fa
+
+        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+        flops = ftok = 0.0
+        for i in range(max(warmup, 1)):
+            samples = self._next()
+            if i < count_flops:
+                with flop_counter() as fc:
+                    fa.train_step(self.trainer, samples)
+                flops += fc.get_total_flops()
+                ftok += target_tokens(samples)
+            else:
+                fa.train_step(self.trainer, samples)
+        sync()
+        t0 = time.perf_counter()
+        tokens = 0.0
+        for _ in range(updates):
+            samples = self._next()
+            tokens += target_tokens(samples)
+            fa.train_step(self.trainer, samples)
+        sync()
+        dt = time.perf_counter() - t0
+        return {"tokens": tokens, "seconds": dt, "tok_s": tokens / dt, "s_per_update": dt / updates,
+                "flops_per_token": flops / ftok if ftok else float("nan")}
+
+
+def target_tokens(samples) -> float:
+    return float(sum(s.get("ntokens", 0) for s in samples if s))
+
+
+def median(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain fixed-width table (first column left-aligned, the rest right-aligned)."""
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
+
+    out = [line(cells[0]), line(["-" * w for w in widths])]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        if x != x:
+            return "-"
+        if abs(x) >= 100:
+            return f"{x:,.0f}"
+        if abs(x) >= 10:
+            return f"{x:.1f}"
+        return f"{x:.3f}"
+    return str(x)

@@ -1,0 +1,288 @@
+#!/usr/bin/env python
+"""Training throughput of lnexp against stock fairseq-train, measured side by side.
+
+    python scripts/bench_train.py                       # mini and IWSLT models, 3 repetitions
+    python scripts/bench_train.py --models mini --reps 5 --updates 40
+    python scripts/bench_train.py --quick               # tiny model, seconds (used by the tests)
+
+Each measurement is a fresh subprocess running the real entry point with identical settings:
+``fairseq-train <bin> <flags>`` (fairseq_cli.train.cli_main, the console script's function) for
+stock, ``lnexp train <overrides>`` (lnexp.cli.main) for lnexp. Both get the same hook on fairseq's
+``Trainer.train_step`` that notes the time after every update and the update's target tokens;
+tokens/s = target tokens of updates W+1..W+N / time from the end of update W to the end of update
+W+N, so everything each loop does between updates (batching, logging, TensorBoard) is counted.
+The first update also runs under torch's FlopCounterMode (untimed): model FLOPs per target token.
+Runs alternate stock/lnexp (ABAB, the order reversed every other repetition), so the ratios are
+paired measurements under the same machine load; the table gives medians over repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _bench as B  # noqa: E402
+
+PAIRS = ("post_ln", "pre_ln")  # placements with an exact stock fairseq equivalent
+RATIOS = [  # (label, numerator run, denominator run, target)
+    ("lnexp/stock post_ln", ("lnexp", "post_ln"), ("stock", "post_ln"), 0.98),
+    ("lnexp/stock pre_ln", ("lnexp", "pre_ln"), ("stock", "pre_ln"), 0.98),
+    ("peri_ln/pre_ln (lnexp)", ("lnexp", "peri_ln"), ("lnexp", "pre_ln"), 0.92),
+    ("deepnorm/post_ln (lnexp)", ("lnexp", "deepnorm"), ("lnexp", "post_ln"), None),
+]
+LOG_INTERVAL = 10
+
+
+# --- child processes ---------------------------------------------------------------------------
+
+
+def child(kind: str, spec_path: str) -> None:
+    """Run one training with the timing hook, write the measurements to spec['out'], exit."""
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+
+    torch.set_num_threads(int(spec["threads"]))
+    from fairseq.trainer import Trainer
+
+    warmup, updates = int(spec["warmup"]), int(spec["updates"])
+    total = warmup + updates
+    rec: list[tuple[float, float]] = []
+    flops: list[tuple[float, float]] = []
+    original = Trainer.train_step
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def finish(trainer) -> None:
+        t = [r[0] for r in rec]
+        tokens = sum(r[1] for r in rec[warmup:total])
+        out = {"kind": kind, "tokens": tokens, "seconds": t[total - 1] - t[warmup - 1],
+               "updates": updates,
+               "threads": torch.get_num_threads(), "flops": flops,
+               "params": sum(p.numel() for p in trainer.model.parameters())}
+        out["tok_s"] = tokens / out["seconds"]
+        if kind == "lnexp":  # what one of lnexp's mid-epoch checkpoints costs
+            with tempfile.TemporaryDirectory() as d:
+                t0 = time.perf_counter()
+                trainer.consolidate_optimizer()
+                trainer.save_checkpoint(os.path.join(d, "c.pt"), {})
+                out["checkpoint_s"] = time.perf_counter() - t0
+        Path(spec["out"]).write_text(json.dumps(out))
+
+    def timed_step(self, samples, *args, **kwargs):
+        ntok = B.target_tokens(samples)
+        if not rec:  # the first update (untimed): model FLOPs of one training step
+            with B.flop_counter() as fc:
+                result = original(self, samples, *args, **kwargs)
+            flops.append((fc.get_total_flops(), ntok))
+        else:
+            result = original(self, samples, *args, **kwargs)
+        sync()
+        rec.append((time.perf_counter(), ntok))
+        if len(rec) == total:
+            finish(self)
+            if kind == "lnexp":  # skip the end-of-run validation and BLEU: not part of updates
+                sys.stdout.flush()
+                os._exit(0)
+        return result
+
+    Trainer.train_step = timed_step
+    if kind == "stock":
+        from fairseq_cli.train import cli_main
+
+        sys.argv = ["fairseq-train", *spec["argv"]]
+        cli_main()
+    else:
+        from lnexp.cli import main
+        from lnexp.fairseq_adapter import hide_fairseq_schemas
+
+        hide_fairseq_schemas()  # imported fairseq first (the hook): keep lnexp's compose working
+
+        sys.exit(main(["train", *spec["argv"]]))
+
+
+def run_child(kind: str, argv: list[str], warmup: int, updates: int, threads: int,
+              workdir: Path, env: dict[str, str]) -> dict:
+    out = workdir / f"{kind}-{time.monotonic_ns()}.json"
+    spec = workdir / (out.stem + ".spec.json")
+    spec.write_text(json.dumps({"argv": argv, "warmup": warmup, "updates": updates,
+                                "threads": threads, "out": str(out)}))
+    load0 = B.load_now()
+    proc = subprocess.run([sys.executable, __file__, "--child", kind, "--spec", str(spec)],
+                          capture_output=True, text=True, env=env, cwd=B.REPO)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"{kind} run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                           f"{proc.stderr[-4000:]}")
+    res = json.loads(out.read_text())
+    res["load"] = (load0 + B.load_now()) / 2
+    res["fairseq_wps"] = _fairseq_wps(proc.stdout + proc.stderr)
+    return res
+
+
+def _fairseq_wps(log: str) -> float:
+    """Stock fairseq's own wps (train_inner lines after the first, which includes warm-up)."""
+    wps = []
+    for line in log.splitlines():
+        if "| train_inner |" in line:
+            wps.append(float(json.loads(line.split("| train_inner |", 1)[1])["wps"]))
+    return B.median(wps[1:]) if len(wps) > 1 else float("nan")
+
+
+# --- parent ------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="mini,iwslt", help="comma list of: " + ",".join(B.ARCHS))
+    p.add_argument("--placements", default="post_ln,pre_ln,peri_ln,deepnorm")
+    p.add_argument("--updates", type=int, default=None,
+                   help="timed updates per run (default: mini 30, iwslt 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed updates before the window")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--quick", action="store_true",
+                   help="tiny 2+2-layer mini model, small batches, 1 repetition (for tests)")
+    p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (dataset.dir)")
+    p.add_argument("--vocab-size", type=int, default=None, help="dataset.vocab_size override")
+    p.add_argument("--child", choices=("stock", "lnexp"), help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args.child, args.spec)
+        return
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    placements = [x.strip() for x in args.placements.split(",") if x.strip()]
+    extra = [f"threads={threads}", f"precision={args.precision}", "seed=1"]
+    if args.dataset_dir:
+        extra.append(f"dataset.dir={args.dataset_dir}")
+    if args.vocab_size:
+        extra.append(f"dataset.vocab_size={args.vocab_size}")
+    if args.quick:
+        extra += B.QUICK_OVERRIDES
+        args.reps = 1 if args.reps == 3 else args.reps
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+
+    print(B.machine_line())
+    peak0 = B.matmul_peak(2048, "float32")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results: dict[tuple[str, str, str], list[dict]] = {}
+    commands: dict[tuple[str, str], str] = {}
+    with tempfile.TemporaryDirectory(prefix="lnexp-bench-") as tmp:
+        work = Path(tmp)
+        for model in models:
+            updates = args.updates or (4 if args.quick else {"mini": 30}.get(model, 10))
+            warmup = 1 if args.quick else args.warmup
+            total = warmup + updates
+            runs = _runs_for(model, placements, extra, total, work, device, commands)
+            for rep in range(args.reps):
+                order = runs if rep % 2 == 0 else runs[::-1]
+                for kind, placement, argv in order:
+                    res = run_child(kind, argv, warmup, updates, threads, work, env)
+                    results.setdefault((model, placement, kind), []).append(res)
+                    print(f"  {model:5} {placement:8} {kind:5} rep {rep + 1}: {res['tok_s']:8.0f} "
+                          f"tok/s (load {res['load']:.2f})", file=sys.stderr, flush=True)
+    peak1 = B.matmul_peak(2048, "float32")
+    peak = max(peak0, peak1)
+    peaks = {"fp32": peak}
+    if device == "cuda":
+        peaks["bf16"] = B.matmul_peak(4096, "bfloat16", "cuda")
+        peaks["fp32"] = B.matmul_peak(4096, "float32", "cuda")
+    report(results, commands, models, placements, peaks, args, threads, device)
+
+
+def _runs_for(model: str, placements: list[str], extra: list[str], total: int, work: Path,
+              device: str, commands: dict) -> list[tuple[str, str, list[str]]]:
+    """[(kind, placement, argv)] in ABAB order: stock then lnexp for Post-/Pre-LN, then the rest."""
+    from lnexp.data.registry import load_for_training
+    from lnexp.fairseq_adapter import flags_to_argv
+    from lnexp.train import settings
+
+    runs = []
+    for placement in placements:
+        over = [f"placement={placement}", f"scale.arch={B.ARCHS[model]}", f"max_update={total}",
+                "eval.subset=1", f"runs_root={work / 'runs'}", *extra]
+        if placement in PAIRS:
+            cfg = B.compose(over)
+            data = load_for_training(cfg.dataset)
+            stock = settings.stock_flags(settings.fairseq_flags(cfg, None, device))
+            assert stock is not None, f"{placement} has no stock fairseq equivalent"
+            stock.update(max_update=total, log_format="json", log_interval=LOG_INTERVAL,
+                         disable_validation=True, no_save=True, save_dir=str(work / "stock"))
+            argv = flags_to_argv(data.bin_dir, stock)
+            commands[(model, placement)] = shlex.join(["fairseq-train", *argv])
+            runs.append(("stock", placement, argv))
+        runs.append(("lnexp", placement, over))
+    return runs
+
+
+def report(results, commands, models, placements, peaks, args, threads, device) -> None:
+    peak = peaks["fp32" if args.precision == "fp32" else "bf16"]
+    print(f"# peak: {args.precision if device == 'cuda' else 'fp32'} matmul 2048x2048, "
+          f"{threads} threads: {peak / 1e9:.1f} GFLOP/s (best of 10, before and after the runs)"
+          + (f"; bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s" if "bf16" in peaks else ""))
+    print()
+    rows = []
+    for model in models:
+        for placement in placements:
+            for kind in ("stock", "lnexp"):
+                rs = results.get((model, placement, kind))
+                if not rs:
+                    continue
+                tok_s = B.median([r["tok_s"] for r in rs])
+                fpt = B.median([f / n for r in rs for f, n in r["flops"] if n])
+                rows.append([model, placement, kind, len(rs), tok_s, min(r["tok_s"] for r in rs),
+                             max(r["tok_s"] for r in rs), B.median([r["fairseq_wps"] for r in rs]),
+                             fpt / 1e6, tok_s * fpt / 1e9, tok_s * fpt / peak,
+                             B.median([r["load"] for r in rs])])
+    print("Target tokens/s (median over repetitions; window: updates after the warm-up)")
+    print(B.table(["model", "placement", "impl", "reps", "tok/s", "min", "max", "fairseq log wps",
+                   "MFLOP/tok", "GFLOP/s", "of peak", "load"], rows))
+    print()
+    rows = []
+    for model in models:
+        for label, num, den, target in RATIOS:
+            a = results.get((model, num[1], num[0]))
+            b = results.get((model, den[1], den[0]))
+            if not a or not b:
+                continue
+            paired = [x["tok_s"] / y["tok_s"] for x, y in zip(a, b, strict=False)]
+            r = B.median(paired)
+            ok = "-" if target is None else ("yes" if r >= target else "NO")
+            rows.append([model, label, r, " ".join(f"{x:.3f}" for x in paired),
+                         "-" if target is None else f">= {target}", ok])
+    print("Ratios of tokens/s (median of per-repetition paired ratios)")
+    print(B.table(["model", "ratio", "median", "per repetition", "target", "met"], rows))
+    ck = [(m, B.median([r["checkpoint_s"] for p in placements
+                        for r in results.get((m, p, "lnexp"), []) if "checkpoint_s" in r]))
+          for m in models]
+    print()
+    for m, s in ck:
+        lnexp_post = results.get((m, "post_ln", "lnexp")) or results.get((m, placements[0], "lnexp"))
+        if not lnexp_post or s != s:
+            continue
+        per_update = B.median([r["seconds"] / r["updates"] for r in lnexp_post])
+        share = f" = {s / (50 * per_update):.2%} of 50 updates"
+        print(f"# {m}: one lnexp mid-epoch checkpoint (every save_interval_updates=50) takes "
+              f"{s:.2f} s{share}; stock fairseq-train saves at epoch ends only")
+    print()
+    print("Stock commands (the lnexp run uses the same settings via `lnexp train`):")
+    for (model, placement), cmd in commands.items():
+        print(f"  [{model} {placement}] {cmd}")
+
+
+if __name__ == "__main__":
+    main()

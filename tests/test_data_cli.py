@@ -1,0 +1,149 @@
+"""``lnexp prepare``: counts and "nothing to do" on stdout, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lnexp.cli import main
+from lnexp.data import iwslt14
+from tests.test_data_iwslt14 import VOCAB, release_files, write_dir, write_tgz
+from tests.test_data_wmt14 import make_wmt
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def prepare(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(["prepare", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def no_partial_output(cache: Path) -> bool:
+    """Nothing but finished stages (each with its stage.json) and no temporary folder."""
+    if not cache.exists():
+        return True
+    leftovers = [p for p in cache.rglob("*") if p.name.endswith((".tmp", ".old"))]
+    stages = [p for p in cache.glob("*/*") if p.is_dir()]
+    return not leftovers and all((s / "stage.json").is_file() for s in stages)
+
+
+def test_iwslt14_twice_second_does_nothing(tmp_path, capsys):
+    files, _ = release_files()
+    archive = write_tgz(tmp_path / "de-en.tgz", files)
+    cache = tmp_path / "cache"
+    args = ("iwslt14", "--archive", str(archive), "--vocab-size", str(VOCAB), "--cache", str(cache))
+    rc, out, err = prepare(capsys, *args)
+    assert rc == 0, err
+    assert "iwslt14_de_en: train 56 / valid 2 / test 9 sentence pairs" in out
+    assert "rebuilt: text, subword, bin" in out and str(cache / "iwslt14_de_en" / "bin") in out
+    assert "building" in err  # progress goes to stderr
+    rc, out, err = prepare(capsys, *args)
+    assert rc == 0
+    assert "train 56 / valid 2 / test 9" in out
+    assert "up to date, nothing to do" in out and "rebuilt" not in out
+    assert err.count("up to date") == 3 and "building" not in err
+    rc, out, _ = prepare(capsys, *args[:-4], "--vocab-size", str(VOCAB - 20), "--cache", str(cache))
+    assert rc == 0 and "rebuilt: subword, bin" in out
+
+
+def test_env_cache_is_the_default(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "envcache"))
+    files, _ = release_files()
+    folder = write_dir(tmp_path / "de-en", files)
+    rc, out, err = prepare(capsys, "iwslt14", "--archive", str(folder), "--vocab-size", str(VOCAB))
+    assert rc == 0, err
+    assert (tmp_path / "envcache" / "iwslt14_de_en" / "prepared.json").is_file()
+
+
+def _one_line_error(capsys, cache: Path, *args: str, match: str) -> None:
+    rc, out, err = prepare(capsys, *args, "--cache", str(cache))
+    assert rc == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("lnexp prepare: error: ") and match in err, err
+    assert no_partial_output(cache)
+
+
+def test_iwslt14_bad_inputs_one_line_exit_2(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    _one_line_error(capsys, cache, "iwslt14", "--archive", str(tmp_path / "nope.tgz"),
+                    match="nope.tgz")
+    files, _ = release_files()
+    del files[iwslt14.eval_file("IWSLT14.TED.tst2010", "de")]
+    bad = write_tgz(tmp_path / "missing.tgz", files)
+    _one_line_error(capsys, cache, "iwslt14", "--archive", str(bad),
+                    match="missing de-en/IWSLT14.TED.tst2010.de-en.de.xml")
+    files, _ = release_files()
+    files[iwslt14.train_file("de")] += "Noch ein Satz.\n"
+    bad = write_tgz(tmp_path / "misaligned.tgz", files)
+    _one_line_error(capsys, cache, "iwslt14", "--archive", str(bad), match="line-aligned")
+    files, _ = release_files()
+    files[iwslt14.train_file("de")] = files[iwslt14.train_file("de")].encode("utf-16")
+    bad = write_tgz(tmp_path / "utf16.tgz", files)
+    _one_line_error(capsys, cache, "iwslt14", "--archive", str(bad),
+                    match="utf16.tgz:de-en/train.tags.de-en.de:1: not UTF-8")
+    files, _ = release_files()
+    files[iwslt14.train_file("en")] = "<url>http://x</url>\n"
+    bad = write_tgz(tmp_path / "empty.tgz", files)
+    _one_line_error(capsys, cache, "iwslt14", "--archive", str(bad), match="no sentence lines")
+    (tmp_path / "plain.txt").write_text("hello\n")
+    _one_line_error(capsys, cache, "iwslt14", "--archive", str(tmp_path / "plain.txt"),
+                    match="not a readable .tgz archive")
+    assert not cache.exists()
+
+
+def test_wmt14_and_multi30k_bad_inputs_one_line_exit_2(tmp_path, capsys):
+    cache = tmp_path / "cache"
+    _one_line_error(capsys, cache, "wmt14", "--dir", str(tmp_path / "nowhere"), match="nowhere")
+    root = make_wmt(tmp_path / "wmt14")
+    (root / "training" / "europarl-v7.de-en.en").write_text("only one line\n")
+    _one_line_error(capsys, cache, "wmt14", "--dir", str(root), match="europarl-v7.de-en.en has 1 lines")
+    m30k = tmp_path / "m30k"
+    m30k.mkdir()
+    for stem in ("train", "val", "test_2016_flickr"):
+        for lang, n in (("de", 3), ("en", 3 if stem != "val" else 2)):
+            with gzip.open(m30k / f"{stem}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(f"line {i}\n" for i in range(n)))
+    _one_line_error(capsys, cache, "multi30k", "--dir", str(m30k), match="val.de.gz has 3 lines")
+    (m30k / "test_2016_flickr.en.gz").unlink()
+    (m30k / "val.en.gz").write_bytes(gzip.compress(b"line 0\nline 1\nline 2\n"))
+    _one_line_error(capsys, cache, "multi30k", "--dir", str(m30k),
+                    match="missing file " + str(m30k / "test_2016_flickr.en.gz"))
+    (m30k / "test_2016_flickr.en.gz").write_bytes(b"not gzip")
+    _one_line_error(capsys, cache, "multi30k", "--dir", str(m30k), match="damaged gzip file")
+    assert not cache.exists()
+
+
+def test_wmt14_cli_counts(tmp_path, capsys):
+    root = make_wmt(tmp_path / "wmt14")
+    rc, out, err = prepare(capsys, "wmt14", "--dir", str(root), "--max-train-pairs", "4",
+                           "--vocab-size", str(VOCAB), "--cache", str(tmp_path / "cache"))
+    assert rc == 0, err
+    assert "wmt14_en_de: train 4 / valid 2 / test 3 sentence pairs" in out
+
+
+def test_argument_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", "iwslt14"])  # --archive is required
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["prepare", "wmt14", "--dir", "x", "--max-train-pairs", "0"])
+    assert e.value.code == 2
+    capsys.readouterr()
+
+
+def test_subprocess_one_line(tmp_path):
+    env = {**os.environ, "LNEXP_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-m", "lnexp.cli", "prepare", "iwslt14", "--archive",
+                           str(tmp_path / "missing.tgz")], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"lnexp prepare: error: no such file or folder: {tmp_path / 'missing.tgz'} (pass the "
+        "downloaded de-en.tgz or the folder it unpacks to)"]
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,83 @@
+"""`lnexp results`: the table, filters and CSV; diverged and failed runs of a real sweep."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from tests.conftest import lnexp_cmd
+from tests.test_figures_fig2_fig4 import TINY, fake_run
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "runs"
+    fake_run(root, "a", "fig2_mini", warmup=0, valid=(9.0, 8.9), bleu=(0.1, 0.2), status="diverged",
+             diverged={"reason": "plateau: valid nll ...", "update": 260, "epoch": 2})
+    fake_run(root, "b", "fig2_mini", warmup=100, valid=(8.0, 7.1), bleu=(2.0, 6.7))
+    fake_run(root, "c", "fig4_mini", placement="pre_ln", lr=5e-4, valid=(7.0, 6.2), bleu=(9.0, 13.8))
+    (root / "d" / ".hydra").mkdir(parents=True)  # failed before run.json: config from Hydra's files
+    (root / "d" / ".hydra" / "config.yaml").write_text(
+        "placement: {name: post_ln}\noptimizer: {name: sgd}\nlr: 0.005\nwarmup: 0\nseed: 1\n")
+    (root / "d" / ".hydra" / "overrides.yaml").write_text("- experiment=fig2_sgd_mini\n")
+    (root / "d" / "status.json").write_text(json.dumps({"status": "failed", "error": "boom"}))
+    return root
+
+
+def test_collect_runs_and_filters(store):
+    from lnexp.results import collect_runs
+
+    assert [r.name for r in collect_runs(store)] == ["a", "b", "c", "d"]
+    assert [r.name for r in collect_runs(store, placement="post_ln", warmup="0")] == ["a", "d"]
+    assert [r.name for r in collect_runs(store, lr="1e-3")] == ["a", "b"]  # numbers as numbers
+    assert [r.name for r in collect_runs(store, status="diverged")] == ["a"]
+    assert [r.name for r in collect_runs(store, **{"dataset.name": "multi30k"})] == ["a", "b", "c"]
+    row = collect_runs(store, experiment="fig2_mini", warmup=100)[0].row()
+    assert row["best_valid_loss"] == 7.1 and row["best_bleu"] == 6.7 and row["epochs"] == 2
+    assert row["depth"] == "6+6"
+
+
+def test_results_cli_table_and_csv(store, tmp_path):
+    from lnexp.results import main
+
+    proc = lnexp_cmd("results", "--runs-root", str(store), cache=tmp_path / "cache")
+    lines = proc.stdout.splitlines()
+    header = lines[0].split()
+    for col in ("placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed", "epochs",
+                "best_valid", "best_bleu", "status", "div_update"):
+        assert col in header
+    row_a = next(ln for ln in lines if ln.startswith("a "))
+    assert "diverged" in row_a.split() and "260" in row_a.split()
+    assert "failed" in next(ln for ln in lines if ln.startswith("d ")).split()
+    assert "1 done" not in lines[-1] and "2 done" in lines[-1] and "1 diverged" in lines[-1]
+    out = tmp_path / "res.csv"
+    assert main(["--runs-root", str(store), "--csv", str(out), "status=diverged"]) == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [(r["run"], r["status"], r["diverged_update"]) for r in rows] == [("a", "diverged", "260")]
+    bad = lnexp_cmd("results", "--runs-root", str(store), "status=bogus", cache=tmp_path / "cache",
+                    check=False)
+    assert bad.returncode == 2 and "status='bogus'" in bad.stderr
+    bad = lnexp_cmd("results", "--runs-root", str(store), "placement", cache=tmp_path / "cache",
+                    check=False)
+    assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
+
+
+@pytest.mark.slow
+def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k):
+    """One run fails (no data), the other diverges (plateau rule forced); the sweep goes on."""
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    proc = lnexp_cmd("train", "-m", f"dataset.dir={tmp_path / 'missing'},{small_multi30k}", *TINY,
+                     "max_update=10", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
+                     f"runs_root={runs}", cache=cache, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status
+    res = lnexp_cmd("results", "--runs-root", str(runs), "--csv", cache=cache)
+    rows = {r["status"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
+    assert set(rows) == {"failed", "diverged"}
+    assert rows["diverged"]["diverged_update"] == "10" and rows["diverged"]["epochs"] == "1"
+    assert rows["diverged"]["diverged_reason"].startswith("plateau")
+    table = lnexp_cmd("results", "--runs-root", str(runs), "status=diverged", cache=cache).stdout
+    line = table.splitlines()[1].split()
+    assert "diverged" in line and "10" in line

@@ -1,0 +1,97 @@
+"""Sweeps: SIGKILL and restart resumes exactly; launchers; progress lines."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, lnexp_cmd
+from tests.test_figures_fig2_fig4 import TINY
+
+TIMING = ("wall_s", "valid_s")
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def _updates(run_dir: Path) -> list[dict]:
+    with open(run_dir / "updates.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_killed_sweep_resumes_without_redoing_and_matches_uninterrupted(tmp_path, small_multi30k):
+    cache = tmp_path / "cache"
+    common = [f"dataset.dir={small_multi30k}", *TINY, "max_update=20", "max_epoch=50",
+              "save_interval_updates=5"]
+    runs = tmp_path / "runs"
+    argv = ["train", "-m", *common, "seed=1,2", f"runs_root={runs}"]
+    env = {**os.environ, "LNEXP_CACHE": str(cache), "PYTHONWARNINGS": "ignore"}
+    log = open(tmp_path / "first.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "lnexp.cli", *argv], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    second = None
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            dirs = [d for d in runs.glob("*seed=2*") if (d / "checkpoints" / "checkpoint_last.pt").is_file()]
+            if dirs:
+                second = dirs[0]
+                break
+            time.sleep(0.1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+    assert second is not None, (tmp_path / "first.log").read_text()[-3000:]
+    status = json.loads((second / "status.json").read_text())
+    assert status["status"] == "running"  # killed mid-run
+    (first,) = [d for d in runs.glob("*seed=1*")]
+    assert json.loads((first / "status.json").read_text())["status"] == "done"
+    before = {f: (first / f).stat().st_mtime_ns for f in ("status.json", "metrics.jsonl", "updates.csv")}
+
+    again = lnexp_cmd(*argv, cache=cache)
+    assert "skipping" in (first / "run.log").read_text() + again.stdout + again.stderr
+    assert {f: (first / f).stat().st_mtime_ns for f in before} == before  # not redone
+    assert json.loads((second / "status.json").read_text())["status"] == "done"
+
+    ref_root = tmp_path / "ref"
+    lnexp_cmd("train", *common, "seed=2", f"runs_root={ref_root}", cache=cache)
+    ref = ref_root / second.name
+    assert ref.is_dir(), list(ref_root.iterdir())  # same config, same directory name
+    assert _updates(second) == _updates(ref)
+    assert _metrics(second) == _metrics(ref)
+
+
+def test_progress_line_and_sweep_size(tmp_path):
+    from lnexp.train import progress
+
+    (tmp_path / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n    params:\n      lr: 5.0e-4,1.0e-3\n      warmup: 0,13,100\n"
+        "      seed: 1,2\n  overrides:\n    task: [experiment=fig2_mini, 'seed=1', max_update=5]\n")
+    assert progress.sweep_size(tmp_path / "multirun.yaml") == 6  # seed=1 replaces the swept seeds
+    line = progress.message("lr=0.001,seed=1", epoch=1, max_epoch=2, wall_s=150.0, job=2, total=6)
+    assert line == "run 3/6 lr=0.001,seed=1 | epoch 1/2 | run left ~2m30s | sweep left ~17m30s"
+    assert progress.message("x", 2, 2, 300.0, None, None) == "x | epoch 2/2 | run left ~0m00s"
+
+
+@pytest.mark.slow
+def test_submitit_local_launcher(tmp_path, small_multi30k):
+    runs = tmp_path / "runs"
+    lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", "seed=1",
+              f"runs_root={runs}", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5",
+              cache=tmp_path / "cache", timeout=240)
+    from lnexp.results import collect_runs
+
+    (run,) = collect_runs(runs)
+    assert run.state == "done" and run.status["updates"] == 3
