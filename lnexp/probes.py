@@ -383,10 +383,12 @@ def compose_config(overrides: list[str]):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from lnexp import fairseq_adapter as fa
     from lnexp.train.run import CONFIG_DIR, _register_resolvers
     from lnexp.train.settings import validate
 
     _register_resolvers()
+    fa.hide_fairseq_schemas(CONFIG_DIR)  # fairseq's optimizer schemas would shadow lnexp's groups
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):

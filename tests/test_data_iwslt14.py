@@ -296,3 +296,16 @@ def test_clean_corpus_semantics():
              (" ".join("w" * 1 for _ in range(176)), "x " * 175)]  # 176 tokens: dropped
     out = list(moses.clean_corpus([p[0] for p in pairs], [p[1] for p in pairs], 1, 175, 1.5))
     assert out == [("a b", "c d e"), ("a b", "c d")]
+
+
+def test_flat_archive_and_fewer_than_23_pairs(tmp_path):
+    """Files at the top of the archive are accepted; under 23 pairs, valid is simply empty."""
+    files, _ = release_files()
+    de = [f"Das ist Satz {j} hier." for j in range(5)]
+    en = [f"This is sentence {j} here." for j in range(5)]
+    files[iwslt14.train_file("de")] = "<url>http://x</url>\n" + "\n".join(de) + "\n"
+    files[iwslt14.train_file("en")] = "<url>http://x</url>\n" + "\n".join(en) + "\n"
+    archive = write_tgz(tmp_path / "de-en.tgz", files, prefix="")
+    data = iwslt14.prepare(archive, vocab_size=60, root=tmp_path / "cache")
+    assert data.counts == {"train": 5, "valid": 0, "test": 9}
+    assert lines(Path(data.text_dir) / "train.en")[0] == "this is sentence 0 here ."

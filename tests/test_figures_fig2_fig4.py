@@ -30,7 +30,8 @@ def fake_run(root: Path, name: str, experiment: str, *, placement="post_ln", opt
         "counts": {"train": 29000, "valid": 1014}}}))
     rows = [{"epoch": i + 1, "updates": 130 * (i + 1), "lr": lr, "train_loss": v + 0.1, "train_nll_loss": v,
              "valid_loss": v, "valid_nll_loss": v - 0.2, "valid_ppl": 2**v, "valid_bleu": b,
-             "valid_s": 1.0, "wall_s": 10.0 * (i + 1)} for i, (v, b) in enumerate(zip(valid, bleu))]
+             "valid_s": 1.0, "wall_s": 10.0 * (i + 1)}
+            for i, (v, b) in enumerate(zip(valid, bleu, strict=True))]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (d / "status.json").write_text(json.dumps({"status": status, "epoch": len(rows),
                                                "updates": 130 * len(rows), "diverged": diverged}))
@@ -136,7 +137,8 @@ def test_fig2_pipeline_tiny_sweep_with_joblib(tmp_path, small_multi30k):
     """`lnexp train -m experiment=fig2_mini` + overrides (joblib, 2 jobs) then `lnexp figure fig2`."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     proc = lnexp_cmd("train", "-m", "experiment=fig2_mini", f"dataset.dir={small_multi30k}", *TINY,
-                     "lr=1e-3", "seed=1", "warmup=0,100", "max_epoch=1", f"runs_root={runs}",
+                     "lr=1e-3", "seed=1", "warmup=0,100", "max_epoch=1", "max_update=6",
+                     f"runs_root={runs}",
                      "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "threads=1", cache=cache)
     from lnexp.results import collect_runs
 

@@ -50,6 +50,10 @@ def _find_prepared(dataset) -> PreparedData:
     for f in sorted(root.glob("*/prepared.json")):
         data = PreparedData.load(f.parent)
         if data.name.startswith(corpus) and data.src == dataset.src and data.tgt == dataset.tgt:
+            if data.subword != dataset.subword:
+                raise DataError(f"{dataset.name} was prepared with {data.subword}: train with "
+                                f"dataset.subword={data.subword}, or re-run `{PREPARE_HINT[corpus]} "
+                                f"--subword {dataset.subword}`")
             return data
     raise DataError(f"{dataset.name} is not prepared in {root}: run `{PREPARE_HINT[corpus]}` first "
                     "(or set LNEXP_CACHE to where it was prepared)")
@@ -63,6 +67,7 @@ def load_for_training(dataset) -> PreparedData:
             from lnexp.data import multi30k
 
             raw = dataset.get("dir")
-            return multi30k.prepare(Path(raw) if raw else None, src=dataset.src, tgt=dataset.tgt, subword=dataset.subword,
-                                    vocab_size=int(dataset.vocab_size), root=root)
+            return multi30k.prepare(Path(raw) if raw else None, src=dataset.src, tgt=dataset.tgt,
+                                    subword=dataset.subword, vocab_size=int(dataset.vocab_size),
+                                    root=root)
     return _find_prepared(dataset)

@@ -363,10 +363,15 @@ def plot(args, summary, meta) -> list[Path]:
                        {"alpha": 0.45}))
     width = 0.8 / len(series)
     std = {(r["series"], r["depth"], r["side"], r["layer"], r["param"]): r["std"] for r in summary}
-    span = max(_series_depth(summary, name, L) for name, *_ in series)
+    at_init = {f"{p}_init" for p in PLACEMENTS}
+
+    def depth_of(name: str) -> int:
+        return L if name in at_init else _series_depth(summary, name, L)
+
+    span = max(depth_of(name) for name, *_ in series)
     for ax, param, tag in ((axes[0, 0], "W1", "(a)"), (axes[0, 1], "W2", "(b)")):
         for k, (name, placement, label, kw) in enumerate(series):
-            depth = _series_depth(summary, name, L)
+            depth = depth_of(name)
             xs, ys, es = [], [], []
             for i, side in enumerate(("encoder", "decoder")):
                 for layer in range(1, depth + 1):

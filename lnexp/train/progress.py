@@ -69,3 +69,48 @@ def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any]) -> str:
                    float(record.get("wall_s", 0.0)), job, total)
     log.info("progress: %s", line)
     return line
+
+
+def sweep_eta(sweep_dir: Path, job: int, total: int | None) -> str:
+    """Time left for the sweep, from the wall time of the runs already finished in it."""
+    import json
+
+    walls = []
+    for status in Path(sweep_dir).glob("*/status.json"):
+        try:
+            s = json.loads(status.read_text())
+        except (OSError, ValueError):
+            continue
+        if s.get("status") in ("done", "diverged") and s.get("wall_s"):
+            walls.append(float(s["wall_s"]))
+    if not total or not walls:
+        return "time left: unknown until a run finishes"
+    return f"~{_hms((total - job) * sum(walls) / len(walls))} left (mean of {len(walls)} finished runs)"
+
+
+try:
+    from hydra.experimental.callback import Callback as _Callback
+except ImportError:  # pragma: no cover
+    _Callback = object
+
+
+class ProgressCallback(_Callback):
+    """Hydra callback: one line as each job of a sweep starts (run k of N, its directory, time left).
+
+    Enabled by the experiment configs (hydra.callbacks.progress); the per-epoch line is log_epoch.
+    """
+
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        try:
+            from hydra.types import RunMode
+
+            hc = config.hydra
+            if hc.mode != RunMode.MULTIRUN:
+                return
+            job = int(hc.job.num)
+            sweep_dir = Path(hc.sweep.dir)
+            total = sweep_size(sweep_dir / "multirun.yaml")
+            log.info("progress: run %d/%s %s | sweep %s", job + 1, total or "?", hc.runtime.output_dir,
+                     sweep_eta(sweep_dir, job, total))
+        except Exception as e:  # progress must never stop a sweep
+            log.debug("progress: %s", e)

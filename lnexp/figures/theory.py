@@ -1,0 +1,542 @@
+"""``lnexp figure theory``: Xiong et al.'s lemmas at initialisation, and Kan et al.'s hidden-state growth.
+
+(a) Post-LN: E‖x^{post,5}_l‖²/d, the FFN output plus residual just before each layer's last LN
+    (theory: 3/2 at every layer);
+(b) Pre-LN: E‖x_l‖²/d after l layers (theory: between 1 + l/2 and 1 + 3l/2), with Peri-LN alongside;
+(c) the spectral norm of LayerNorm's Jacobian against √d/‖x‖ (theory: O(√d/‖x‖); exactly
+    √d/‖x − mean(x)‖ for LN without affine, so equal for centred x);
+(d, e) Kan et al.: mean |x| and variance of the hidden states after each layer, at init and after
+    training, for Pre-LN, Peri-LN and Pre-LN with residual step Δt = 0.1.
+
+(a, b) are computed in the paper's simplified setting -- lnexp's real encoder layers with one head,
+W_Q = W_K = 0 (uniform attention), Xavier init, zero biases, FFN width d with ReLU, Gaussian input
+x ~ N(0, I) -- and reported alongside for the real model at init (fairseq's init, real batch).
+Nothing is trained for (a)-(c). For (d, e) "after training" comes from finished runs under
+``--runs-root`` if every configuration has one with the same number of updates, else from short
+runs trained here (stated on the figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+LEMMA_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
+KAN_CONFIGS = (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
+FIELDS = ("setting", "placement", "residual_scale", "state", "seed", "side", "layer", "point",
+          "quantity", "value")
+SUMMARY_FIELDS = ("setting", "placement", "residual_scale", "state", "side", "layer", "point",
+                  "quantity", "mean", "std", "n")
+POST_TOL = 0.2  # |E‖x^{post,5}‖²/d − 3/2| allowed at every layer
+JAC_TOL = 0.01  # relative deviation of ‖J_LN‖₂ from √d/‖x‖ for centred x
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lnexp figure theory", description=__doc__.split("\n")[0])
+    p.add_argument("--scale", choices=("mini", "paper"), default="mini")
+    p.add_argument("--lemma-d", type=int, default=512, help="width in the simplified setting")
+    p.add_argument("--lemma-layers", type=int, default=12, help="layers in the simplified setting")
+    p.add_argument("--lemma-seeds", type=int, default=8, help="initialisations averaged")
+    p.add_argument("--lemma-tokens", type=int, default=64, help="tokens per sequence (x 8 sequences)")
+    p.add_argument("--d-model", type=int, default=None,
+                   help="width of the real model at init (default: the paper's model, 512)")
+    p.add_argument("--real-seeds", type=int, default=3, help="initialisations of the real model")
+    p.add_argument("--max-tokens", type=int, default=1024, help="padded tokens of the real batch")
+    p.add_argument("--train-updates", type=int, default=30,
+                   help="updates of the short runs for (d, e) when no finished runs are found; "
+                   "0 = at init only")
+    p.add_argument("--train-tokens", type=int, default=2048, help="batch size of those short runs")
+    p.add_argument("--no-reuse", action="store_true", help="do not look for finished runs")
+    p.add_argument("--out", type=Path, default=Path("figures"))
+    p.add_argument("--name", default="theory", help="output file stem")
+    p.add_argument("--runs-root", type=Path, default=Path("runs"))
+    p.add_argument("--override", action="append", default=[],
+                   help="Hydra override of the training config, e.g. dataset.dir=PATH (repeatable)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.basicConfig(level=logging.WARNING)
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    meta: dict[str, Any] = {"scale": args.scale, "timing": {}}
+    for name, part in (("lemmas", lemma_rows), ("ln_jacobian", jacobian_rows),
+                       ("real_init", real_init_rows), ("kan", kan_rows)):
+        t = time.perf_counter()
+        rows += part(args, meta)
+        meta["timing"][f"{name}_s"] = round(time.perf_counter() - t, 1)
+        print(f"theory: {name} done ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+    meta["wall_s"] = round(time.perf_counter() - t0, 1)
+    summary = summarise(rows)
+    checks = lemma_checks(summary, args)
+    out = write_outputs(args, rows, summary, checks, meta)
+    for cname, c in checks.items():
+        mark = {True: "PASS", False: "FAIL", None: "info"}[c["pass"]]
+        print(f"  [{mark}] {cname}: {_short(c['value'])}  ({c['claim']})")
+    print(f"theory: wrote {', '.join(str(p) for p in out)} in {meta['wall_s']:.0f}s")
+    return 0
+
+
+def _short(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def _stat_rows(summary: dict, **common) -> list[dict[str, Any]]:
+    out = []
+    for (side, layer, point), stats in summary.items():
+        for q in ("sq_norm_per_d", "mean_abs", "var"):
+            out.append({**common, "side": side, "layer": layer, "point": point, "quantity": q,
+                        "value": stats[q]})
+    return out
+
+
+# --- (a, b) the simplified setting --------------------------------------------------------------
+
+
+def lemma_rows(args, meta) -> list[dict[str, Any]]:
+    import torch
+
+    from lnexp import probes
+
+    rows = []
+    for placement in LEMMA_PLACEMENTS:
+        for seed in range(1, args.lemma_seeds + 1):
+            layers = probes.simplified_layers(placement, args.lemma_d, args.lemma_layers, seed)
+            g = torch.Generator().manual_seed(10_000 + seed)
+            x = torch.randn(args.lemma_tokens, 8, args.lemma_d, generator=g)
+            with probes.HiddenStats({"encoder": layers}, points=("input", "output", "pre_final_ln")) \
+                    as hs:
+                probes.run_layers(layers, x)
+            stats = hs.summary()
+            # layer l's output is the input of layer l+1: index the residual stream by layers done
+            stream = {("encoder", 0, "stream"): stats[("encoder", 1, "input")]}
+            stream.update({("encoder", k[1], "stream"): v for k, v in stats.items()
+                           if k[2] == "output"})
+            pre5 = {k: v for k, v in stats.items() if k[2] == "pre_final_ln"}
+            rows += _stat_rows({**stream, **pre5}, setting="simplified", placement=placement,
+                               residual_scale=1.0, state="init", seed=seed)
+    meta["simplified"] = {"d": args.lemma_d, "layers": args.lemma_layers, "seeds": args.lemma_seeds,
+                          "tokens": args.lemma_tokens * 8, "sequences": 8,
+                          "setting": "one head, W_Q=W_K=0, Xavier-normal (var 1/d), zero biases, "
+                          "FFN d->d->d ReLU, LN gain 1, x ~ N(0, I), no dropout"}
+    return rows
+
+
+# --- (c) LayerNorm's Jacobian -------------------------------------------------------------------
+
+
+def jacobian_rows(args, meta) -> list[dict[str, Any]]:
+    import torch
+
+    from lnexp import probes
+
+    d = args.lemma_d
+    g = torch.Generator().manual_seed(7)
+    rows = []
+    cases = [(s, 0.0) for s in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)] + \
+        [(1.0, m) for m in (0.5, 1.0, 2.0, 5.0)]
+    for i, (scale, offset) in enumerate(cases):
+        z = torch.randn(d, generator=g, dtype=torch.float64)
+        x = scale * (z - z.mean()) + offset * scale
+        jac = probes.ln_jacobian_spectral_norm(x)
+        centred = float((x - x.mean()).norm())
+        values = {"x_norm": float(x.norm()), "centred_norm": centred, "jac_spectral_norm": jac,
+                  "sqrt_d_over_x_norm": math.sqrt(d) / float(x.norm()),
+                  "sqrt_d_over_centred_norm": math.sqrt(d) / centred,
+                  "mean_offset": offset}
+        for q, v in values.items():
+            rows.append({"setting": "ln_jacobian", "placement": "", "residual_scale": "",
+                         "state": "centred" if offset == 0 else "offset", "seed": i, "side": "",
+                         "layer": i, "point": "", "quantity": q, "value": v})
+    meta["ln_jacobian"] = {"d": d, "eps": 1e-5, "cases": len(cases),
+                           "x": "centred Gaussian x scale (0.1..100), and plus a constant offset"}
+    return rows
+
+
+# --- the real model at init ---------------------------------------------------------------------
+
+
+def _dims(d_model: int | None) -> dict[str, Any]:
+    if not d_model:
+        return {}
+    return {f"{side}_{k}": v for side in ("encoder", "decoder") for k, v in
+            (("embed_dim", d_model), ("ffn_embed_dim", 2 * d_model), ("attention_heads", 4))}
+
+
+def _forward_stats(model, sample, points) -> dict:
+    import torch
+
+    from lnexp import probes
+
+    model.eval()
+    with probes.HiddenStats(model, points=points) as hs, torch.no_grad():
+        net = sample["net_input"]
+        model(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
+    return hs.summary()
+
+
+def _stream(stats: dict) -> dict:
+    """Residual stream indexed by layers done: 0 = input of layer 1, l = output of layer l."""
+    out = {}
+    for (side, layer, point), v in stats.items():
+        if point == "input" and layer == 1:
+            out[(side, 0, "stream")] = v
+        elif point == "output":
+            out[(side, layer, "stream")] = v
+        elif point == "pre_final_ln":
+            out[(side, layer, point)] = v
+    return out
+
+
+def real_init_rows(args, meta) -> list[dict[str, Any]]:
+    from lnexp import fairseq_adapter as fa
+    from lnexp import probes
+    from lnexp.data.registry import load_for_training
+
+    cfg = probes.compose_config(["placement=post_ln", f"scale={args.scale}", *args.override])
+    data = load_for_training(cfg.dataset)
+    base = probes.fairseq_config(cfg, data, arch=cfg.dataset.paper_arch, **_dims(args.d_model))
+    task = fa.setup_task(base, ("valid",))
+    sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
+    rows = []
+    for placement in LEMMA_PLACEMENTS:
+        fcfg = probes.with_model(base, placement=placement)
+        for seed in range(1, args.real_seeds + 1):
+            model = fa.build_model(fcfg, task, seed)
+            stats = _forward_stats(model, sample, ("input", "output", "pre_final_ln"))
+            rows += _stat_rows(_stream(stats), setting="real_init", placement=placement,
+                               residual_scale=1.0, state="init", seed=seed)
+    meta["real_init"] = {"arch": cfg.dataset.paper_arch, "d": int(base.model.encoder_embed_dim),
+                         "seeds": args.real_seeds, "dataset": cfg.dataset.name,
+                         "batch": f"valid, {int(sample['nsentences'])} sentences, "
+                         f"{int(sample['ntokens'])} target tokens", "init": "fairseq's default"}
+    return rows
+
+
+# --- (d, e) Kan et al.: hidden states at init and after training ------------------------------
+
+
+def _label(placement: str, dt: float) -> str:
+    from lnexp.figures.style import LABELS
+
+    return LABELS[placement] + ("" if dt == 1.0 else f", Δt={dt:g}")
+
+
+def _finished_runs(root: Path, cfg) -> dict[tuple[str, float], list[tuple[int, Path]]]:
+    """Finished (not diverged) runs under ``root`` with the same model size, depth, norm and data."""
+    from lnexp.train.runlog import read_json
+
+    found: dict[tuple[str, float], list[tuple[int, Path]]] = defaultdict(list)
+    if not root.is_dir():
+        return found
+    for run_json in root.glob("**/run.json"):
+        run = read_json(run_json, {}) or {}
+        status = read_json(run_json.parent / "status.json", {}) or {}
+        c = run.get("config") or {}
+        ckpt = run_json.parent / "checkpoints" / "checkpoint_last.pt"
+        try:
+            same = (c["scale"]["arch"] == cfg.scale.arch and c["norm"] == cfg.norm
+                    and c["depth"] == dict(cfg.depth) and c["dataset"] == dict(cfg.dataset)
+                    and not c["placement"].get("embed_norm"))
+            key = (c["placement"]["name"], float(c["residual_scale"]))
+        except (KeyError, TypeError, AttributeError):
+            continue
+        if same and status.get("status") == "done" and ckpt.is_file():
+            found[key].append((int(status.get("updates") or 0), run_json.parent))
+    return found
+
+
+def kan_rows(args, meta) -> list[dict[str, Any]]:
+    import torch
+
+    from lnexp import fairseq_adapter as fa
+    from lnexp import probes
+    from lnexp.data.registry import load_for_training
+    from lnexp.train.loop import train_run
+
+    cfg = probes.compose_config(["placement=pre_ln", f"scale={args.scale}", *args.override])
+    data = load_for_training(cfg.dataset)
+    base = probes.fairseq_config(cfg, data, arch=cfg.scale.arch)
+    task = fa.setup_task(base, ("valid",))
+    sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
+    runs: dict[tuple[str, float], Path] = {}
+    source = "none (at init only)"
+    if not args.no_reuse:
+        found = _finished_runs(args.runs_root, cfg)
+        common = set.intersection(*({u for u, _ in found.get(k, [])} for k in KAN_CONFIGS))
+        if common and max(common) > 0:
+            u = max(common)
+            runs = {k: next(p for n, p in sorted(found[k]) if n == u) for k in KAN_CONFIGS}
+            source = f"finished runs under {args.runs_root} ({u} updates)"
+    if not runs and args.train_updates > 0:
+        for placement, dt in KAN_CONFIGS:
+            overrides = [f"placement={placement}", f"residual_scale={dt}", f"scale={args.scale}",
+                         f"max_update={args.train_updates}", "warmup=0", "seed=1", "eval.subset=32",
+                         f"scale.max_tokens={args.train_tokens}", *args.override]
+            run_dir = args.runs_root / f"theory_{args.scale}" / \
+                f"{placement}_dt{dt:g}_u{args.train_updates}_t{args.train_tokens}"
+            train_run(probes.compose_config(overrides), run_dir)
+            runs[(placement, dt)] = run_dir
+        source = (f"short runs trained here: {args.train_updates} updates of {args.train_tokens} "
+                  f"tokens, Adam lr {cfg.lr:g}, no warm-up, dropout {cfg.scale.dropout:g}")
+    rows = []
+    for placement, dt in KAN_CONFIGS:
+        fcfg = probes.with_model(base, placement=placement, residual_scale=dt)
+        model = fa.build_model(fcfg, task, 1)
+        common = dict(setting="kan", placement=placement, residual_scale=dt, seed=1)
+        rows += _stat_rows(_stream(_forward_stats(model, sample, ("input", "output"))),
+                           state="init", **common)
+        run = runs.get((placement, dt))
+        if run is not None:
+            state = fa.load_checkpoint_state(run / "checkpoints" / "checkpoint_last.pt")
+            model.load_state_dict(state["model"])
+            rows += _stat_rows(_stream(_forward_stats(model, sample, ("input", "output"))),
+                               state="trained", **common)
+        del model
+        torch.set_grad_enabled(True)
+    from lnexp.train.runlog import read_json
+
+    meta["kan"] = {"arch": cfg.scale.arch, "after_training": source,
+                   "runs": {_label(*k): {"dir": str(v), "updates": (read_json(
+                       v / "status.json", {}) or {}).get("updates")} for k, v in runs.items()},
+                   "batch": f"valid, {int(sample['nsentences'])} sentences",
+                   "stats": "per layer output (residual stream), non-padding tokens, eval mode"}
+    return rows
+
+
+# --- summary, checks, output --------------------------------------------------------------------
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keys = SUMMARY_FIELDS[:8]
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(r[k] for k in keys)].append(float(r["value"]))
+    out = []
+    for key, values in groups.items():
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        out.append({**dict(zip(keys, key, strict=True)), "mean": statistics.fmean(values), "std": std,
+                    "n": len(values)})
+    return out
+
+
+def _series(summary, setting, placement, point, quantity="sq_norm_per_d", side="encoder",
+            state="init", dt=1.0) -> tuple[list[int], list[float], list[float]]:
+    pts = sorted((r["layer"], r["mean"], r["std"]) for r in summary
+                 if r["setting"] == setting and r["placement"] == placement and r["point"] == point
+                 and r["quantity"] == quantity and r["side"] == side and r["state"] == state
+                 and float(r["residual_scale"]) == dt)
+    return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
+
+
+def lemma_checks(summary, args) -> dict[str, dict[str, Any]]:
+    checks: dict[str, dict[str, Any]] = {}
+    layers, post, _ = _series(summary, "simplified", "post_ln", "pre_final_ln")
+    dev = max(abs(v - 1.5) for v in post)
+    checks["post_ln_pre_last_ln_sq_norm"] = {
+        "value": dev, "pass": dev <= POST_TOL, "threshold": POST_TOL,
+        "claim": f"simplified setting: Post-LN E‖x^(post,5)‖²/d within 3/2 ± {POST_TOL} at every "
+        "layer (value: largest deviation)", "values": dict(zip(map(str, layers), post, strict=True))}
+    layers, pre, _ = _series(summary, "simplified", "pre_ln", "stream")
+    inside = {str(la): 1 + la / 2 - 1e-9 <= v <= 1 + 1.5 * la + 1e-9
+              for la, v in zip(layers, pre, strict=True)}
+    checks["pre_ln_sq_norm_within_bounds"] = {
+        "value": f"{sum(inside.values())}/{len(inside)} layers", "pass": all(inside.values()),
+        "claim": "simplified setting: Pre-LN 1 + l/2 <= E‖x_l‖²/d <= 1 + 3l/2 after l layers",
+        "values": dict(zip(map(str, layers), pre, strict=True)), "inside": inside}
+    ratios = [r for r in _jac(summary) if r["state"] == "centred"]
+    jdev = max(abs(r["jac_spectral_norm"] / r["sqrt_d_over_x_norm"] - 1) for r in ratios)
+    checks["ln_jacobian_equals_sqrt_d_over_norm"] = {
+        "value": jdev, "pass": jdev <= JAC_TOL, "threshold": JAC_TOL,
+        "claim": "‖J_LN(x)‖₂ = √d/‖x‖₂ for centred x (value: largest relative deviation); "
+        "√d/‖x − mean‖ in general",
+        "offset_ratios": [r["jac_spectral_norm"] / r["sqrt_d_over_x_norm"] for r in _jac(summary)
+                          if r["state"] == "offset"],
+        "offset_ratios_vs_centred_norm": [r["jac_spectral_norm"] / r["sqrt_d_over_centred_norm"]
+                                          for r in _jac(summary) if r["state"] == "offset"]}
+    for side in ("encoder", "decoder"):
+        la, post, _ = _series(summary, "real_init", "post_ln", "pre_final_ln", side=side)
+        checks[f"real_init_post_ln_{side}"] = {
+            "value": max(abs(v - 1.5) for v in post) if post else math.nan, "pass": None,
+            "claim": f"real model at init ({side}): Post-LN E‖x^(post,5)‖²/d, largest deviation "
+            "from 3/2 (reported)", "values": dict(zip(map(str, la), post, strict=True))}
+        la, pre, _ = _series(summary, "real_init", "pre_ln", "stream", side=side)
+        if pre:
+            c0 = pre[0]
+            inside = {str(la_): c0 + la_ / 2 <= v <= c0 + 1.5 * la_ for la_, v in zip(la, pre, strict=True)
+                      if la_ > 0}
+            checks[f"real_init_pre_ln_{side}"] = {
+                "value": f"{sum(inside.values())}/{len(inside)} layers", "pass": None,
+                "claim": f"real model at init ({side}): Pre-LN E‖x_l‖²/d inside c0 + l/2 .. c0 + 3l/2 "
+                "(c0 = its input; reported)", "values": dict(zip(map(str, la), pre, strict=True)),
+                "inside": inside}
+    for placement, dt in KAN_CONFIGS:
+        for state in ("init", "trained"):
+            la, m, _ = _series(summary, "kan", placement, "stream", "mean_abs", state=state, dt=dt)
+            _, v, _ = _series(summary, "kan", placement, "stream", "var", state=state, dt=dt)
+            if m:
+                checks[f"kan_{placement}_dt{dt:g}_{state}_encoder"] = {
+                    "value": m[-1] / m[0], "pass": None,
+                    "claim": f"{_label(placement, dt)} ({state}): encoder mean |x|, last layer output "
+                    "/ input (reported)", "mean_abs": dict(zip(map(str, la), m, strict=True)),
+                    "var": dict(zip(map(str, la), v, strict=True))}
+    return checks
+
+
+def _jac(summary) -> list[dict[str, Any]]:
+    """One dict per Jacobian case (the case number is stored as its 'layer')."""
+    by: dict[tuple, dict[str, Any]] = defaultdict(dict)
+    for r in summary:
+        if r["setting"] == "ln_jacobian":
+            by[(r["state"], r["layer"])].update(state=r["state"], **{r["quantity"]: r["mean"]})
+    return [by[k] for k in sorted(by, key=lambda k: k[1])]
+
+
+def _fmt(v: Any) -> Any:
+    return f"{v:.6g}" if isinstance(v, float) else v
+
+
+def _write_csv(path: Path, fields, rows) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
+    tmp.replace(path)
+
+
+def write_outputs(args, rows, summary, checks, meta) -> list[Path]:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    _write_csv(out / f"{args.name}.csv", FIELDS, rows)
+    _write_csv(out / f"{args.name}_summary.csv", SUMMARY_FIELDS, summary)
+    passed = [c["pass"] for c in checks.values() if c["pass"] is not None]
+    doc = {"figure": args.name, "all_pass": all(passed), "checks": checks, "meta": meta}
+    tmp = out / f".{args.name}_checks.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    tmp.replace(out / f"{args.name}_checks.json")
+    return [out / f"{args.name}.csv", out / f"{args.name}_summary.csv",
+            out / f"{args.name}_checks.json", *plot(args, summary, checks, meta)]
+
+
+def plot(args, summary, checks, meta) -> list[Path]:
+    from lnexp.figures import style
+
+    plt = style.setup()
+    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+    sim, real = meta["simplified"], meta["real_init"]
+
+    ax = axes[0, 0]
+    la, m, sd = _series(summary, "simplified", "post_ln", "pre_final_ln")
+    ax.axhspan(1.5 - POST_TOL, 1.5 + POST_TOL, color="0.9", label=f"3/2 ± {POST_TOL}")
+    ax.axhline(1.5, color="k", lw=0.8, ls="--", label="theory 3/2")
+    ax.errorbar(la, m, yerr=sd, marker="o", ms=4, capsize=2, color=style.COLORS["post_ln"],
+                label=f"Post-LN, simplified (d={sim['d']})")
+    for side, ls in (("encoder", ":"), ("decoder", "-.")):
+        la, m, _ = _series(summary, "real_init", "post_ln", "pre_final_ln", side=side)
+        ax.plot(la, m, ls=ls, marker=".", color=style.COLORS["post_ln"], alpha=0.7,
+                label=f"Post-LN, real model at init ({side})")
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("E‖x^(post,5)_l‖² / d")
+    ax.set_title("(a) Post-LN before the last LN of each layer")
+    ax.set_ylim(0, max(2.2, ax.get_ylim()[1]))
+    ax.legend()
+
+    ax = axes[0, 1]
+    la, m, sd = _series(summary, "simplified", "pre_ln", "stream")
+    ax.fill_between(la, [1 + x / 2 for x in la], [1 + 1.5 * x for x in la], color="0.9",
+                    label="theory: 1 + l/2 .. 1 + 3l/2")
+    ax.errorbar(la, m, yerr=sd, marker="o", ms=4, capsize=2, color=style.COLORS["pre_ln"],
+                label=f"Pre-LN, simplified (d={sim['d']})")
+    la, m, sd = _series(summary, "simplified", "peri_ln", "stream")
+    ax.errorbar(la, m, yerr=sd, marker="s", ms=3, capsize=2, color=style.COLORS["peri_ln"],
+                label="Peri-LN, simplified")
+    for p in ("pre_ln", "peri_ln"):
+        la, m, _ = _series(summary, "real_init", p, "stream", side="encoder")
+        ax.plot(la, m, ls=":", marker=".", color=style.COLORS[p], alpha=0.8,
+                label=f"{style.LABELS[p]}, real model at init (encoder)")
+    ax.set_xlabel("layers done l (0 = input)")
+    ax.set_ylabel("E‖x_l‖² / d")
+    ax.set_title("(b) Pre-LN residual stream")
+    ax.legend()
+
+    ax = axes[0, 2]
+    jac = _jac(summary)
+    for state, marker, label in (("centred", "o", "centred x"), ("offset", "^", "x + constant")):
+        pts = [r for r in jac if r["state"] == state]
+        ax.loglog([r["sqrt_d_over_x_norm"] for r in pts], [r["jac_spectral_norm"] for r in pts],
+                  marker, ms=6, ls="none", mfc="none" if state == "offset" else None,
+                  color=style.COLORS["pre_ln"], label=label)
+    lo = min(r["sqrt_d_over_x_norm"] for r in jac) / 2
+    hi = max(max(r["sqrt_d_over_x_norm"], r["jac_spectral_norm"]) for r in jac) * 2
+    ax.loglog([lo, hi], [lo, hi], "k--", lw=0.8, label="y = x")
+    ax.set_xlabel("√d / ‖x‖₂")
+    ax.set_ylabel("‖J_LN(x)‖₂ (exact)")
+    ax.set_title(f"(c) LayerNorm Jacobian, d={meta['ln_jacobian']['d']}")
+    ax.legend()
+
+    kan = meta["kan"]
+    n = max((r["layer"] for r in summary if r["setting"] == "kan"), default=6)
+    for ax, quantity, tag, ylabel in ((axes[1, 0], "mean_abs", "(d)", "mean |x|"),
+                                      (axes[1, 1], "var", "(e)", "variance of x")):
+        for placement, dt in KAN_CONFIGS:
+            color = style.COLORS[placement]
+            marker = "o" if dt == 1.0 else "x"
+            for state, ls in (("init", "--"), ("trained", "-")):
+                xs, ys = [], []
+                for i, side in enumerate(("encoder", "decoder")):
+                    la, m, _ = _series(summary, "kan", placement, "stream", quantity, side=side,
+                                       state=state, dt=dt)
+                    xs += [i * (n + 2) + x for x in la]
+                    ys += m
+                    if i == 0 and xs:
+                        xs.append(math.nan)
+                        ys.append(math.nan)
+                if xs:
+                    ax.plot(xs, ys, ls=ls, marker=marker, ms=3, color=color,
+                            alpha=1.0 if dt == 1.0 else 0.6,
+                            label=f"{_label(placement, dt)} ({'init' if state == 'init' else 'trained'})")
+        ax.set_xticks([i * (n + 2) + x for i in range(2) for x in range(0, n + 1)],
+                      [f"{s}{x}" for s in ("E", "D") for x in range(0, n + 1)])
+        ax.set_xlabel("residual stream after layer (E0/D0 = embeddings)")
+        ax.set_ylabel(ylabel)
+        if quantity == "var":
+            ax.set_yscale("log")
+        ax.set_title(f"{tag} Kan et al.: {ylabel} of the hidden states, {kan['arch']}")
+        ax.legend(fontsize=7)
+
+    ax = axes[1, 2]
+    ax.axis("off")
+    lines = ["Checks (simplified setting):"]
+    for name, c in checks.items():
+        if c["pass"] is not None:
+            lines.append(f"  {'PASS' if c['pass'] else 'FAIL'}  {name}: {_short(c['value'])}")
+    lines += ["", "Real model at init (reported):"]
+    for name, c in checks.items():
+        if name.startswith("real_init"):
+            lines.append(f"  {name}: {_short(c['value'])}")
+    lines += ["", "Kan et al., encoder mean |x| last/input:"]
+    for name, c in checks.items():
+        if name.startswith("kan_"):
+            lines.append(f"  {name[4:]}: {_short(c['value'])}")
+    ax.text(0, 1, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=7.5,
+            transform=ax.transAxes)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    note = (f"(a, b) simplified: {sim['setting']}; {sim['seeds']} inits x {sim['tokens']} tokens; "
+            f"real model: {real['arch']} (d={real['d']}), {real['init']} init, {real['seeds']} seeds, "
+            f"{real['dataset']} {real['batch']}.\n(d, e) after training: {kan['after_training']}; "
+            f"statistics on {kan['batch']}, eval mode. scale={meta['scale']}")
+    return style.save(fig, args.out, args.name, note)

@@ -1,0 +1,101 @@
+"""The benchmark scripts run (quick/tiny modes) and print their tables. No timing assertions."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+SCRIPTS = REPO / "scripts"
+
+
+@pytest.fixture(scope="module")
+def bench_env(tmp_path_factory) -> dict[str, str]:
+    cache = tmp_path_factory.mktemp("bench_cache")
+    return {**os.environ, "LNEXP_CACHE": str(cache), "PYTHONWARNINGS": "ignore",
+            "OMP_NUM_THREADS": "2"}
+
+
+def run_script(name: str, *args: str, env: dict[str, str], timeout: int = 300) -> str:
+    proc = subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=timeout)
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def table_rows(out: str, *columns: str) -> list[list[str]]:
+    """The rows (cells split on 2+ spaces) of the table whose header begins with ``columns``."""
+    import re
+
+    lines = out.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.split()[:len(columns)] == list(columns))
+    rows = []
+    for ln in lines[start + 2:]:
+        if not ln.strip() or ln.startswith("#"):
+            break
+        rows.append(re.split(r"\s{2,}", ln.strip()))
+    return rows
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("%"))
+
+
+def positive(cell: str) -> bool:
+    x = number(cell)
+    return math.isfinite(x) and x > 0
+
+
+def data_args(small_multi30k: Path) -> list[str]:
+    return ["--dataset-dir", str(small_multi30k), "--vocab-size", "600"]
+
+
+def test_bench_train_quick_prints_throughput_ratio_and_stock_command(small_multi30k, bench_env):
+    out = run_script("bench_train.py", "--quick", "--models", "mini", "--placements", "post_ln",
+                     *data_args(small_multi30k), env=bench_env)
+    assert "load avg" in out and "GFLOP/s" in out
+    rows = table_rows(out, "model", "placement")
+    assert [(r[0], r[1], r[2]) for r in rows] == [("mini", "post_ln", "stock"),
+                                                  ("mini", "post_ln", "lnexp")]
+    for r in rows:
+        tok_s, mflop_tok, of_peak = r[4], r[8], r[10]
+        assert positive(tok_s) and positive(mflop_tok) and positive(of_peak)
+    (ratio,) = table_rows(out, "model", "ratio")
+    assert ratio[1] == "lnexp/stock post_ln" and positive(ratio[2])
+    stock = [ln for ln in out.splitlines() if ln.strip().startswith("[mini post_ln] fairseq-train")]
+    assert len(stock) == 1 and "--arch transformer" in stock[0]
+    assert "--encoder-normalize-before" not in stock[0] and "--disable-validation" in stock[0]
+
+
+def test_bench_eval_quick_prints_validation_share(small_multi30k, bench_env):
+    out = run_script("bench_eval.py", "--quick", *data_args(small_multi30k), env=bench_env)
+    rows = table_rows(out, "BLEU", "setting")
+    assert len(rows) == 2
+    assert rows[0][0].startswith("beam 1, batch 256") and rows[1][0].startswith("beam 5, batch 64")
+    for r in rows:
+        bleu_s, share = r[1], r[4]
+        assert positive(bleu_s) and 0 < number(share) < 1
+    assert "updates/epoch" in out and "extrapolated" in out
+
+
+def test_bench_startup_quick(bench_env):
+    out = run_script("bench_startup.py", "--quick", env=bench_env)
+    rows = {r[0]: r for r in table_rows(out, "command")}
+    assert set(rows) >= {"lnexp --help", "lnexp train --cfg job"}
+    assert all(positive(r[1]) for r in rows.values())
+    assert "`lnexp --help` among torch, fairseq, hydra, numpy: none" in out
+
+
+def test_gpu_check_tiny_runs_on_cpu(small_multi30k, bench_env):
+    out = run_script("gpu_check.py", "--tiny", *data_args(small_multi30k), env=bench_env)
+    rows = {r[0]: r for r in table_rows(out, "precision")}
+    assert positive(rows["fp32"][2]) and positive(rows["fp32"][7])  # tok/s, share of peak
+    if "GPU:" not in out:
+        assert "needs a GPU" in rows["bf16"][1]

@@ -1,0 +1,71 @@
+"""Hydra config -> fairseq flags: the paper's settings arrive where fairseq reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from lnexp.train.run import CONFIG_DIR
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from lnexp.train.run import _register_resolvers
+
+    _register_resolvers()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
+        cfg = hydra_compose("train", overrides=list(overrides))
+    GlobalHydra.instance().clear()
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def test_paper_iwslt_run_has_the_papers_settings():
+    from lnexp.train.settings import fairseq_flags, validate
+
+    cfg = compose("dataset=iwslt14_de_en", "scale=paper")
+    validate(cfg)
+    flags = fairseq_flags(cfg, device="cpu")
+    assert flags["arch"] == "ln_transformer_iwslt_de_en"
+    assert flags["max_tokens"] == 4096 and flags["update_freq"] == 1
+    assert flags["label_smoothing"] == 0.1 and flags["dropout"] == 0.1
+    assert flags["adam_betas"] == "(0.9, 0.98)"
+    assert flags["lr"] == 5e-4 and flags["warmup_updates"] == 4000
+    assert flags["schedule"] == "inverse_sqrt" and flags["share_all_embeddings"]
+    assert (cfg.eval.beam, cfg.eval.lenpen) == (5, 1.2)
+
+
+def test_wmt_paper_emulates_16_gpus_and_pre_ln_recipe():
+    from lnexp.train.settings import fairseq_flags
+
+    cfg = compose("dataset=wmt14_en_de", "scale=paper", "placement=pre_ln", "warmup=0",
+                  "schedule=step", "lr=7e-4", "schedule.epochs=[6]")
+    flags = fairseq_flags(cfg, device="cpu")
+    assert flags["arch"] == "ln_transformer_wmt_en_de"
+    assert flags["max_tokens"] * flags["update_freq"] == 8192 * 16
+    assert flags["step_epochs"] == "6" and flags["warmup_updates"] == 0
+
+
+def test_mini_default_and_stock_equivalent_flags():
+    from lnexp.train.settings import fairseq_flags, stock_flags
+
+    cfg = compose()
+    flags = fairseq_flags(cfg, device="cpu")
+    assert flags["arch"] == "ln_transformer_mini" and flags["placement"] == "post_ln"
+    stock = stock_flags(flags)
+    assert stock["arch"] == "transformer" and stock["encoder_embed_dim"] == 128
+    assert stock["lr_scheduler"] == "inverse_sqrt" and not stock["encoder_normalize_before"]
+    assert stock_flags(fairseq_flags(compose("placement=peri_ln"), device="cpu")) is None
+
+
+def test_precision_needs_a_gpu():
+    from lnexp.errors import ConfigError
+    from lnexp.train.settings import fairseq_flags
+
+    with pytest.raises(ConfigError, match="needs a GPU"):
+        fairseq_flags(compose("precision=bf16"), device="cpu")
+    assert fairseq_flags(compose("precision=bf16"), device="cuda")["bf16"] is True
