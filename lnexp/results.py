@@ -26,6 +26,7 @@ from lnexp.errors import UserError
 COLUMNS = ("run", "experiment", "placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed",
            "epochs", "max_epoch", "updates", "best_valid_loss", "best_bleu", "status", "diverged_update",
            "diverged_reason")
+# "running" is what status.json says while a run trains; a killed run keeps it until it is resumed.
 STATUSES = ("done", "diverged", "failed", "running", "pending")
 
 
@@ -77,7 +78,8 @@ class Run:
             "lr": self.get("lr"), "warmup": self.get("warmup"), "schedule": self.get("schedule.name"),
             "depth": f"{enc}+{dec}" if enc is not None else None, "seed": self.get("seed"),
             "epochs": len(self.metrics), "max_epoch": self.get("max_epoch"),
-            "updates": self.status.get("updates", self.metrics[-1]["updates"] if self.metrics else 0),
+            "updates": max(int(self.status.get("updates") or 0),
+                           int(self.metrics[-1]["updates"]) if self.metrics else 0),
             "best_valid_loss": min(valid) if valid else None, "best_bleu": max(bleu) if bleu else None,
             "status": self.state, "diverged_update": div.get("update"),
             "diverged_reason": div.get("reason"),

@@ -111,7 +111,8 @@ class LnexpTrainer:
     fa.train_step), without its logging, so update time and evaluation time can be taken apart.
     """
 
-    def __init__(self, overrides: list[str]) -> None:
+    def __init__(self, overrides: list[str], stock: bool = False) -> None:
+        """``stock``: build the same run as stock fairseq's ``transformer`` (settings.stock_flags)."""
         import torch
 
         from lnexp import fairseq_adapter as fa
@@ -127,6 +128,10 @@ class LnexpTrainer:
         flags = settings.fairseq_flags(cfg, 1, self.device)
         self.updates_per_epoch = fa.updates_per_epoch(self.data.bin_dir, flags)
         flags = settings.fairseq_flags(cfg, self.updates_per_epoch, self.device)
+        if stock:
+            flags = settings.stock_flags(flags)
+            if flags is None:
+                raise ValueError(f"{cfg.placement.name} has no stock fairseq equivalent")
         flags.update(save_dir="/nonexistent/lnexp-bench", no_progress_bar=True,
                      disable_validation=True, no_epoch_checkpoints=True)
         self.flags = flags
@@ -134,6 +139,7 @@ class LnexpTrainer:
         self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
         _, self.epoch_itr = fa.epoch_iterator(self.fcfg, self.trainer, None)
         self._itr = None
+        self._sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
 
     def params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -150,6 +156,23 @@ class LnexpTrainer:
                 return next(self._itr)
             except StopIteration:
                 self._itr = None
+
+    def step(self, count_flops: bool = False) -> tuple[float, float, float]:
+        """One update, batch fetch included: (seconds, target tokens, FLOPs if counted else 0)."""
+        from lnexp import fairseq_adapter as fa
+
+        self._sync()
+        t = time.perf_counter()
+        samples = self._next()
+        if count_flops:
+            with flop_counter() as fc:
+                fa.train_step(self.trainer, samples)
+            flops = float(fc.get_total_flops())
+        else:
+            fa.train_step(self.trainer, samples)
+            flops = 0.0
+        self._sync()
+        return time.perf_counter() - t, target_tokens(samples), flops
 
     def run(self, warmup: int, updates: int, count_flops: int = 1) -> dict[str, Any]:
         """``warmup`` untimed updates (the first ``count_flops`` of them under FlopCounterMode),

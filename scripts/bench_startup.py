@@ -23,7 +23,7 @@ import _bench as B  # noqa: E402
 TARGET_HELP_S = 1.5
 HEAVY = ("torch", "fairseq", "hydra", "numpy")
 PROBE = ("import sys; from lnexp.cli import main; main(['--help']); "
-         "print('HEAVY', ' '.join(m for m in %r if m in sys.modules))" % (HEAVY,))
+         f"print('HEAVY', ' '.join(m for m in {HEAVY!r} if m in sys.modules))")
 
 
 def lnexp_argv() -> list[str]:

@@ -152,6 +152,9 @@ def main() -> None:
                    help="tiny 2+2-layer mini model, small batches, 1 repetition (for tests)")
     p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (dataset.dir)")
     p.add_argument("--vocab-size", type=int, default=None, help="dataset.vocab_size override")
+    p.add_argument("--interleaved", action="store_true",
+                   help="one process, updates round-robin across all runs (robust under load; "
+                        "model and Trainer cost only, lnexp's loop bookkeeping timed separately)")
     p.add_argument("--child", choices=("stock", "lnexp"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -188,6 +191,9 @@ def main() -> None:
             warmup = 1 if args.quick else args.warmup
             total = warmup + updates
             runs = _runs_for(model, placements, extra, total, work, device, commands)
+            if args.interleaved:
+                results.update(interleaved(model, runs, warmup, updates))
+                continue
             for rep in range(args.reps):
                 order = runs if rep % 2 == 0 else runs[::-1]
                 for kind, placement, argv in order:
@@ -229,6 +235,51 @@ def _runs_for(model: str, placements: list[str], extra: list[str], total: int, w
     return runs
 
 
+def interleaved(model: str, runs, warmup: int, updates: int) -> dict:
+    """All runs' trainers in this process, one update of each in turn (order reversed every other
+    round); every timed round is one paired sample. Same seed and data: the same batches."""
+    trainers = [(kind, placement, B.LnexpTrainer(argv if kind == "lnexp" else _lnexp_argv(runs, placement),
+                                                 stock=kind == "stock"))
+                for kind, placement, argv in runs]
+    out: dict = {}
+    flops: dict = {}
+    for i in range(warmup + updates):
+        order = trainers if i % 2 == 0 else trainers[::-1]
+        for kind, placement, tr in order:
+            load0 = B.load_now()
+            dt, ntok, fl = tr.step(count_flops=i == 0)
+            if i == 0:
+                flops[(kind, placement)] = [(fl, ntok)]
+            if i >= warmup:
+                out.setdefault((model, placement, kind), []).append({
+                    "tok_s": ntok / dt, "seconds": dt, "updates": 1, "tokens": ntok,
+                    "flops": flops[(kind, placement)], "load": load0, "fairseq_wps": float("nan")})
+        print(f"  {model} round {i + 1}/{warmup + updates}" + (" (warm-up)" if i < warmup else ""),
+              file=sys.stderr, flush=True)
+    return out
+
+
+def _lnexp_argv(runs, placement: str) -> list[str]:
+    return next(argv for kind, p, argv in runs if kind == "lnexp" and p == placement)
+
+
+def loop_bookkeeping_s(n: int = 300) -> float:
+    """Seconds per update of lnexp's per-update logging (RunLog.update: the row + 4 TensorBoard
+    scalars), which the interleaved mode does not run."""
+    from lnexp.train.runlog import RunLog
+    from lnexp.train.settings import run_paths
+
+    with tempfile.TemporaryDirectory() as d:
+        log = RunLog(run_paths(Path(d)), 0)
+        t = time.perf_counter()
+        for i in range(n):
+            log.update({"update": i + 1, "epoch": 1, "lr": 1e-3, "loss": 5.0, "nll_loss": 4.0,
+                        "gnorm": 1.0, "ntokens": 4000.0, "sample_size": 4000.0})
+        dt = (time.perf_counter() - t) / n
+        log.close()
+    return dt
+
+
 def report(results, commands, models, placements, peaks, args, threads, device) -> None:
     peak = peaks["fp32" if args.precision == "fp32" else "bf16"]
     print(f"# peak: {args.precision if device == 'cuda' else 'fp32'} matmul 2048x2048, "
@@ -248,7 +299,12 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
                              max(r["tok_s"] for r in rs), B.median([r["fairseq_wps"] for r in rs]),
                              fpt / 1e6, tok_s * fpt / 1e9, tok_s * fpt / peak,
                              B.median([r["load"] for r in rs])])
-    print("Target tokens/s (median over repetitions; window: updates after the warm-up)")
+    if args.interleaved:
+        print("Target tokens/s (interleaved in one process: median over timed updates, each run's "
+              "updates alternating round-robin; reps = timed updates)")
+    else:
+        print("Target tokens/s (median over repetitions, each a fresh process; window: updates "
+              "after the warm-up)")
     print(B.table(["model", "placement", "impl", "reps", "tok/s", "min", "max", "fairseq log wps",
                    "MFLOP/tok", "GFLOP/s", "of peak", "load"], rows))
     print()
@@ -264,7 +320,7 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
             ok = "-" if target is None else ("yes" if r >= target else "NO")
             rows.append([model, label, r, " ".join(f"{x:.3f}" for x in paired),
                          "-" if target is None else f">= {target}", ok])
-    print("Ratios of tokens/s (median of per-repetition paired ratios)")
+    print("Ratios of tokens/s (median of paired ratios: per repetition, or per round if interleaved)")
     print(B.table(["model", "ratio", "median", "per repetition", "target", "met"], rows))
     ck = [(m, B.median([r["checkpoint_s"] for p in placements
                         for r in results.get((m, p, "lnexp"), []) if "checkpoint_s" in r]))
@@ -278,6 +334,14 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
         share = f" = {s / (50 * per_update):.2%} of 50 updates"
         print(f"# {m}: one lnexp mid-epoch checkpoint (every save_interval_updates=50) takes "
               f"{s:.2f} s{share}; stock fairseq-train saves at epoch ends only")
+    if args.interleaved:
+        book = loop_bookkeeping_s()
+        for m in models:
+            rs = results.get((m, "post_ln", "lnexp")) or results.get((m, placements[0], "lnexp"))
+            if rs:
+                per = B.median([r["seconds"] for r in rs])
+                print(f"# {m}: lnexp's per-update logging (RunLog.update, not in the interleaved "
+                      f"loop) {book * 1e3:.2f} ms = {book / per:.3%} of an update")
     print()
     print("Stock commands (the lnexp run uses the same settings via `lnexp train`):")
     for (model, placement), cmd in commands.items():

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from tests.conftest import lnexp_cmd
-from tests.test_figures_fig2_fig4 import TINY, fake_run
+from tests.test_figures_fig2_fig4 import fake_run
 
 
 @pytest.fixture
@@ -67,9 +67,11 @@ def test_results_cli_table_and_csv(store, tmp_path):
 
 @pytest.mark.slow
 def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k):
-    """One run fails (no data), the other diverges (plateau rule forced); the sweep goes on."""
+    """One run fails at run time (batches too small for any sentence: fairseq raises), the other
+    diverges (plateau rule forced); the sweep goes on and `lnexp results` lists both."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
-    proc = lnexp_cmd("train", "-m", f"dataset.dir={tmp_path / 'missing'},{small_multi30k}", *TINY,
+    proc = lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
+                     "eval.subset=10", "scale.max_tokens=5,600",
                      "max_update=6", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
                      f"runs_root={runs}", cache=cache, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status

@@ -189,8 +189,10 @@ def _after_warmup(args, cfg, data, batches, device, rows, timing) -> dict[str, A
     if warmup <= 0:
         return {"after_warmup": None}
     t = time.perf_counter()
-    overrides = ["placement=post_ln", f"scale={args.scale}", f"max_update={warmup}", "seed=1",
-                 "eval.subset=64", *args.override]
+    defaults = ["placement=post_ln", f"scale={args.scale}", f"max_update={warmup}", "seed=1",
+                "eval.subset=64"]
+    given = {o.split("=", 1)[0] for o in args.override}
+    overrides = [o for o in defaults if o.split("=", 1)[0] not in given] + args.override
     wcfg = probes.compose_config(overrides)
     run_dir = args.runs_root / f"fig3_{args.scale}" / f"post_ln_warmup{warmup}"
     status = train_run(wcfg, run_dir)
@@ -390,7 +392,8 @@ def plot(args, summary, meta) -> list[Path]:
         ax.set_xlabel("layer (E = encoder, D = decoder)")
         ax.set_ylabel(f"‖∂L/∂{param}‖_F")
         ax.set_title(f"{tag} gradient norm of {param} per layer, {L}-{L} model")
-        ax.legend(ncol=2)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.2)
+        ax.legend(ncol=3, loc="upper center")
     for ax, param, tag in ((axes[1, 0], "W1", "(c)"), (axes[1, 1], "W2", "(d)")):
         for p in PLACEMENTS:
             ys = [g.mean(f"{p}_init", d, "decoder", d, param) for d in depths]

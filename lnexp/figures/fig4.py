@@ -123,10 +123,11 @@ def main(argv: list[str]) -> int:
                         f"run `lnexp train -m experiment={exps[0]}` (make fig4) first")
     all_runs = [r for e in exps for r in found[e]]
     R.write_csvs(args.out, "fig4", all_runs)
+    main_runs = [r for r in main_runs if r.metrics]  # failed runs without epochs stay in the CSVs
     cks = checks(main_runs)
     panels = [(f"{main_runs[0].get('dataset.name', '')}", main_runs)]
-    if len(exps) > 1 and found[exps[1]]:
-        panels.append(("WMT14 en-de", found[exps[1]]))
+    if len(exps) > 1 and any(r.metrics for r in found[exps[1]]):
+        panels.append(("WMT14 en-de", [r for r in found[exps[1]] if r.metrics]))
     fig = draw(panels)
     note = f"scale={args.scale}; {len(all_runs)} runs; losses in bits/token"
     paths = style.save(fig, args.out, "fig4", note)

@@ -165,7 +165,9 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
             out += ["| claim of the paper | paper's value | our value at this scale | holds? |",
                     "|---|---|---|---|"]
             out += [f"| {r['claim']} | {r['paper']} | {r['ours']} | {r['holds']} |" for r in rows]
-            out += [""]
+            out += ["", "Required rows are what this scale must show; informational rows compare the "
+                    "paper's other settings: `yes` where our runs agree with the paper, `no` where they "
+                    "do not.", ""]
             req = [c for c in (doc.get("checks", []) if isinstance(doc, dict) else [])
                    if isinstance(c, dict) and c.get("required", True)]
             verdict = "all required checks hold" if req and all(

@@ -110,7 +110,8 @@ class ProgressCallback(_Callback):
             job = int(hc.job.num)
             sweep_dir = Path(hc.sweep.dir)
             total = sweep_size(sweep_dir / "multirun.yaml")
-            log.info("progress: run %d/%s %s | sweep %s", job + 1, total or "?", hc.runtime.output_dir,
+            name = Path(hc.runtime.output_dir).name
+            log.info("progress: run %d/%s %s | sweep %s", job + 1, total or "?", name,
                      sweep_eta(sweep_dir, job, total))
         except Exception as e:  # progress must never stop a sweep
             log.debug("progress: %s", e)
