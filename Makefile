@@ -31,6 +31,7 @@ lint: install
 
 fig2: install
 	$(LNEXP) train -m experiment=fig2_$(SCALE)
+	$(LNEXP) train -m experiment=fig2_sgd_$(SCALE)
 	$(LNEXP) figure fig2 --scale $(SCALE)
 
 fig3: install
@@ -38,6 +39,7 @@ fig3: install
 
 fig4: install
 	$(LNEXP) train -m experiment=fig4_$(SCALE)
+	$(if $(filter paper,$(SCALE)),$(LNEXP) train -m experiment=fig4_wmt_paper)
 	$(LNEXP) figure fig4 --scale $(SCALE)
 
 theory: install

@@ -137,7 +137,7 @@ def test_fig2_pipeline_tiny_sweep_with_joblib(tmp_path, small_multi30k):
     """`lnexp train -m experiment=fig2_mini` + overrides (joblib, 2 jobs) then `lnexp figure fig2`."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     proc = lnexp_cmd("train", "-m", "experiment=fig2_mini", f"dataset.dir={small_multi30k}", *TINY,
-                     "lr=1e-3", "seed=1", "warmup=0,100", "max_epoch=1", "max_update=6",
+                     "lr=1e-3", "seed=1", "warmup=0,100", "max_epoch=1", "max_update=3",
                      f"runs_root={runs}",
                      "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "threads=1", cache=cache)
     from lnexp.results import collect_runs

@@ -72,14 +72,14 @@ def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k):
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     proc = lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
                      "eval.subset=10", "scale.max_tokens=5,600",
-                     "max_update=6", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
+                     "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
                      f"runs_root={runs}", cache=cache, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status
     res = lnexp_cmd("results", "--runs-root", str(runs), "--csv", cache=cache)
     rows = {r["status"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
     assert set(rows) == {"failed", "diverged"}
-    assert rows["diverged"]["diverged_update"] == "6" and rows["diverged"]["epochs"] == "1"
+    assert rows["diverged"]["diverged_update"] == "3" and rows["diverged"]["epochs"] == "1"
     assert rows["diverged"]["diverged_reason"].startswith("plateau")
     table = lnexp_cmd("results", "--runs-root", str(runs), "status=diverged", cache=cache).stdout
     line = table.splitlines()[1].split()
-    assert "diverged" in line and "6" in line
+    assert "diverged" in line and "3" in line

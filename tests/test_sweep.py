@@ -32,7 +32,7 @@ def _updates(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_killed_sweep_resumes_without_redoing_and_matches_uninterrupted(tmp_path, small_multi30k):
     cache = tmp_path / "cache"
-    common = [f"dataset.dir={small_multi30k}", *TINY, "max_update=12", "max_epoch=50",
+    common = [f"dataset.dir={small_multi30k}", *TINY, "max_update=8", "max_epoch=50",
               "save_interval_updates=4"]
     runs = tmp_path / "runs"
     argv = ["train", "-m", *common, "seed=1,2", f"runs_root={runs}"]

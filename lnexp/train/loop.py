@@ -14,7 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lnexp import fairseq_adapter as fa
-from lnexp.train import settings
+from lnexp.train import progress, settings
 from lnexp.train.divergence import PlateauRule, non_finite, unigram_entropy_bits
 from lnexp.train.evaluate import BleuScorer, validation_loss
 from lnexp.train.runlog import RunLog, read_json, write_json
@@ -90,7 +90,7 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         from lnexp.probes import NormTracker
 
         tracker = NormTracker(trainer.model, paths["norms"], int(cfg.track_every),
-                              trainer.get_num_updates())
+                              trainer.get_num_updates(), tb=runlog.tb)
     status = {"status": "running", "epoch": len(history), "updates": trainer.get_num_updates()}
     write_json(paths["status"], status)
     t0 = time.perf_counter() - state["wall_s"]
@@ -144,6 +144,7 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                                      f" bits >= unigram entropy {entropy:.2f} - {rule.margin_bits}",
                                      "update": record["updates"], "epoch": epoch}
             _log_epoch(record)
+            progress.log_epoch(cfg, run_dir, record)
             save(end_of_epoch=True)
             _keep_best(paths["checkpoints"], history)
             if state["diverged"] and (cfg.divergence.stop or not math.isfinite(record["valid_loss"])):

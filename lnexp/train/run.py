@@ -52,7 +52,7 @@ def check_overrides(argv: list[str]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from lnexp.data.registry import check_available
-    from lnexp.train.settings import validate
+    from lnexp.train.settings import fairseq_flags, resolve_device, validate
 
     overrides = _task_overrides(argv)
     try:
@@ -77,6 +77,7 @@ def check_overrides(argv: list[str]) -> None:
                         from None
                 validate(cfg)
                 check_available(cfg.dataset)
+                fairseq_flags(cfg, 1, resolve_device(cfg))  # precision/device fit this machine
     finally:
         GlobalHydra.instance().clear()
 
@@ -103,6 +104,10 @@ def _job(cfg: DictConfig) -> None:
         print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
         _print_summary(run_dir)
     except UserError as e:
+        from lnexp.train.runlog import write_json
+        from lnexp.train.settings import run_paths
+
+        write_json(run_paths(run_dir)["status"], {"status": "failed", "error": str(e)})
         _FAILED.append(("user", str(e)))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
