@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -318,10 +319,15 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
             paired = [x["tok_s"] / y["tok_s"] for x, y in zip(a, b, strict=False)]
             r = B.median(paired)
             ok = "-" if target is None else ("yes" if r >= target else "NO")
-            rows.append([model, label, r, " ".join(f"{x:.3f}" for x in paired),
+            if len(paired) <= 6:
+                spread = " ".join(f"{x:.3f}" for x in paired)
+            else:
+                q = statistics.quantiles(paired, n=4)
+                spread = f"n={len(paired)}, quartiles {q[0]:.3f}-{q[2]:.3f}"
+            rows.append([model, label, r, spread,
                          "-" if target is None else f">= {target}", ok])
     print("Ratios of tokens/s (median of paired ratios: per repetition, or per round if interleaved)")
-    print(B.table(["model", "ratio", "median", "per repetition", "target", "met"], rows))
+    print(B.table(["model", "ratio", "median", "per repetition (or spread)", "target", "met"], rows))
     ck = [(m, B.median([r["checkpoint_s"] for p in placements
                         for r in results.get((m, p, "lnexp"), []) if "checkpoint_s" in r]))
           for m in models]
