@@ -95,6 +95,7 @@ def main() -> None:
                          + (" (current)" if current else ""), bleu_s, val_s, valid,
                          valid / (train_s + valid), hyp_words / max(ref_words, 1), bleu.bleu,
                          (load0 + B.load_now()) / 2])
+            print(f"  {rows[-1][0]}: BLEU pass {bleu_s:.1f} s", file=sys.stderr, flush=True)
     print(f"# mini scale ({cfg.scale.arch}, {cfg.placement.name}, max_tokens {cfg.scale.max_tokens}), "
           f"{per_epoch} updates/epoch; training {train['s_per_update']:.2f} s/update over "
           f"{args.updates} timed updates ({train['tok_s']:.0f} target tok/s) -> one epoch of "

@@ -62,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="where the after-warm-up run is trained (reused when finished)")
     p.add_argument("--override", action="append", default=[],
                    help="Hydra override of the training config, e.g. dataset=iwslt14_de_en (repeatable)")
+    p.add_argument("--replot", action="store_true",
+                   help="redraw the figure from the summary CSV and checks JSON in --out (no measuring)")
     args = p.parse_args(argv)
     args.depths = sorted({int(d) for d in args.depths.split(",") if d.strip()})
     if args.layers_depth is None:
@@ -80,6 +82,8 @@ def main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore")
     logging.basicConfig(level=logging.WARNING)
     args = parse_args(argv)
+    if args.replot:
+        return replot(args)
     t0 = time.perf_counter()
     rows, meta = measure(args)
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -338,6 +342,19 @@ def write_outputs(args, rows, summary, checks, meta) -> list[Path]:
             out / f"{args.name}_checks.json", *figs]
 
 
+def replot(args) -> int:
+    with open(args.out / f"{args.name}_summary.csv", newline="", encoding="utf-8") as f:
+        summary = [{**r, "depth": int(r["depth"]), "layer": int(r["layer"]), "d_model": int(r["d_model"]),
+                    "mean": float(r["mean"]), "std": float(r["std"]), "n": int(r["n"])}
+                   for r in csv.DictReader(f)]
+    doc = json.loads((args.out / f"{args.name}_checks.json").read_text())
+    meta = doc["meta"]
+    args.depths, args.layers_depth = meta["depths"], meta["layers_depth"]
+    print_checks(doc["checks"])
+    print("fig3: redrew " + ", ".join(str(p) for p in plot(args, summary, meta)))
+    return 0
+
+
 def print_checks(checks: dict[str, dict[str, Any]]) -> None:
     for name, c in checks.items():
         mark = {True: "PASS", False: "FAIL", None: "info"}[c["pass"]]
@@ -392,8 +409,8 @@ def plot(args, summary, meta) -> list[Path]:
         ax.set_xlabel("layer (E = encoder, D = decoder)")
         ax.set_ylabel(f"‖∂L/∂{param}‖_F")
         ax.set_title(f"{tag} gradient norm of {param} per layer, {L}-{L} model")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.2)
-        ax.legend(ncol=3, loc="upper center")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.4)
+        ax.legend(ncol=3, loc="upper center", fontsize=7)
     for ax, param, tag in ((axes[1, 0], "W1", "(c)"), (axes[1, 1], "W2", "(d)")):
         for p in PLACEMENTS:
             ys = [g.mean(f"{p}_init", d, "decoder", d, param) for d in depths]
