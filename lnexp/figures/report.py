@@ -68,17 +68,20 @@ def _cell(x: Any) -> str:
     return str(x).replace("|", "\\|").replace("\n", " ")
 
 
+def check_items(doc: Any) -> list[dict]:
+    """A figure's checks, from either the list form or the {"name": {...}} form."""
+    items = doc.get("checks", []) if isinstance(doc, dict) else doc if isinstance(doc, list) else []
+    if isinstance(items, dict):
+        items = [{"claim": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in items.items()]
+    return [c for c in items if isinstance(c, dict)]
+
+
 def check_rows(doc: Any) -> list[dict[str, str]]:
     """Normalise any figure's checks JSON into rows: claim, paper, ours, holds."""
-    items = doc.get("checks", []) if isinstance(doc, dict) else doc if isinstance(doc, list) else []
-    if isinstance(items, dict):  # {"name": {...}} form
-        items = [{"claim": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in items.items()]
     rows = []
-    for c in items:
-        if not isinstance(c, dict):
-            continue
+    for c in check_items(doc):
         passed = _first(c, "pass", "passed", "holds", "ok")
-        holds = {True: "yes", False: "**no**"}.get(passed, "not measured") if isinstance(
+        holds = {True: "yes", False: "**no**"}.get(passed, "reported (no threshold)") if isinstance(
             passed, bool | type(None)) else _cell(passed)
         if c.get("required") is False:
             holds += " (informational)"
@@ -97,6 +100,8 @@ def _summary_table(path: Path, cols: list[str]) -> list[str]:
     if not rows:
         return []
     cols = [c for c in cols if c in rows[0]]
+    if not cols:  # a per-layer summary (fig3, theory): its CSV is linked, not tabulated
+        return [f"Summary values: `{path.as_posix()}`.", ""]
     lines = [f"Final values per run (from `{path.as_posix()}`; losses in bits/token):", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(r[c] or "" for c in cols) + " |" for r in rows]
@@ -168,8 +173,8 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
             out += ["", "Required rows are what this scale must show; informational rows compare the "
                     "paper's other settings: `yes` where our runs agree with the paper, `no` where they "
                     "do not.", ""]
-            req = [c for c in (doc.get("checks", []) if isinstance(doc, dict) else [])
-                   if isinstance(c, dict) and c.get("required", True)]
+            req = [c for c in check_items(doc) if c.get("required", True)
+                   and _first(c, "pass", "passed", "holds") is not None]
             verdict = "all required checks hold" if req and all(
                 _first(c, "pass", "passed", "holds") is True for c in req) else "some checks do not hold"
             summary.append((name, verdict))
