@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import UserError
+from lnexp.train.runlog import read_metrics
 
 COLUMNS = ("run", "experiment", "placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed",
            "epochs", "max_epoch", "updates", "best_valid_loss", "best_bleu", "status", "diverged_update",
@@ -108,17 +109,6 @@ def _read_yaml(path: Path) -> Any:
         return None
 
 
-def _metrics(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                break
-    return rows
-
-
 def load_run(run_dir: Path, root: Path | None = None) -> Run:
     run_dir = Path(run_dir)
     config = (_read_json(run_dir / "run.json", {}) or {}).get("config") \
@@ -126,7 +116,7 @@ def load_run(run_dir: Path, root: Path | None = None) -> Run:
     overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml") or []
     name = str(run_dir.relative_to(root)) if root is not None else run_dir.name
     return Run(run_dir, name, config, _read_json(run_dir / "status.json", {}) or {},
-               _metrics(run_dir / "metrics.jsonl"), [str(o) for o in overrides])
+               read_metrics(run_dir / "metrics.jsonl"), [str(o) for o in overrides])
 
 
 def find_run_dirs(root: Path) -> list[Path]:

@@ -31,6 +31,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lnexp.figures.outputs import write_tables
+
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "seed", "side", "layer",
           "param", "grad_norm", "loss", "batch_tokens")
@@ -314,32 +316,9 @@ def contrast_checks(summary: list[dict[str, Any]], args) -> dict[str, dict[str, 
 # --- output -------------------------------------------------------------------------------------
 
 
-def _fmt(v: Any) -> Any:
-    return f"{v:.6g}" if isinstance(v, float) else v
-
-
-def _write_csv(path: Path, fields, rows) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
-    tmp.replace(path)
-
-
 def write_outputs(args, rows, summary, checks, meta) -> list[Path]:
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    _write_csv(out / f"{args.name}.csv", FIELDS, rows)
-    _write_csv(out / f"{args.name}_summary.csv", SUMMARY_FIELDS, summary)
-    passed = [c["pass"] for c in checks.values() if c["pass"] is not None]
-    doc = {"figure": args.name, "all_pass": all(passed), "checks": checks, "meta": meta}
-    tmp = out / f".{args.name}_checks.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    tmp.replace(out / f"{args.name}_checks.json")
-    figs = plot(args, summary, meta)
-    return [out / f"{args.name}.csv", out / f"{args.name}_summary.csv",
-            out / f"{args.name}_checks.json", *figs]
+    files = write_tables(args.out, args.name, FIELDS, rows, SUMMARY_FIELDS, summary, checks, meta)
+    return [*files, *plot(args, summary, meta)]
 
 
 def replot(args) -> int:
