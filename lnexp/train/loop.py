@@ -83,7 +83,7 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "stock_fairseq_train": None if stock is None else shlex.join(
             ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
         "units": UNITS, "unigram_entropy_bits": entropy,
-        "bleu_signature": None, "started": state.get("started") or time.strftime("%FT%T"),
+        "bleu_signature": None, "last_started": time.strftime("%FT%T"),
     })
     tracker = None
     if cfg.track_norms:
