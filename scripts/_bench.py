@@ -238,3 +238,19 @@ def _fmt(x: Any) -> str:
             return f"{x:.1f}"
         return f"{x:.3f}"
     return str(x)
+
+
+def add_data_args(p) -> None:
+    """The data options every benchmark takes (a small corpus for tests)."""
+    p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (dataset.dir)")
+    p.add_argument("--vocab-size", type=int, default=None, help="dataset.vocab_size override")
+
+
+def data_overrides(args) -> list[str]:
+    """Hydra overrides for ``add_data_args``'s options."""
+    over = []
+    if args.dataset_dir:
+        over.append(f"dataset.dir={args.dataset_dir}")
+    if args.vocab_size:
+        over.append(f"dataset.vocab_size={args.vocab_size}")
+    return over

@@ -41,8 +41,7 @@ def main() -> None:
     p.add_argument("--checkpoint", default=None, help="evaluate these weights (a trained model)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny model and few updates (for tests)")
-    p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (dataset.dir)")
-    p.add_argument("--vocab-size", type=int, default=None)
+    B.add_data_args(p)
     args = p.parse_args()
 
     import torch
@@ -52,10 +51,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     over = [f"placement={args.placement}", f"threads={torch.get_num_threads()}", "seed=1"]
-    if args.dataset_dir:
-        over.append(f"dataset.dir={args.dataset_dir}")
-    if args.vocab_size:
-        over.append(f"dataset.vocab_size={args.vocab_size}")
+    over += B.data_overrides(args)
     if args.quick:
         over += B.QUICK_OVERRIDES
         args.warmup, args.updates = 1, min(args.updates, 3)

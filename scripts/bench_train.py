@@ -151,8 +151,7 @@ def main() -> None:
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--quick", action="store_true",
                    help="tiny 2+2-layer mini model, small batches, 1 repetition (for tests)")
-    p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (dataset.dir)")
-    p.add_argument("--vocab-size", type=int, default=None, help="dataset.vocab_size override")
+    B.add_data_args(p)
     p.add_argument("--interleaved", action="store_true",
                    help="one process, updates round-robin across all runs (robust under load; "
                         "model and Trainer cost only, lnexp's loop bookkeeping timed separately)")
@@ -171,10 +170,7 @@ def main() -> None:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     placements = [x.strip() for x in args.placements.split(",") if x.strip()]
     extra = [f"threads={threads}", f"precision={args.precision}", "seed=1"]
-    if args.dataset_dir:
-        extra.append(f"dataset.dir={args.dataset_dir}")
-    if args.vocab_size:
-        extra.append(f"dataset.vocab_size={args.vocab_size}")
+    extra += B.data_overrides(args)
     if args.quick:
         extra += B.QUICK_OVERRIDES
         args.reps = 1 if args.reps == 3 else args.reps

@@ -34,8 +34,7 @@ def main() -> None:
     p.add_argument("--updates", type=int, default=30)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny model, few updates")
-    p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (dataset.dir)")
-    p.add_argument("--vocab-size", type=int, default=None)
+    B.add_data_args(p)
     args = p.parse_args()
 
     import torch
@@ -56,10 +55,7 @@ def main() -> None:
         args.warmup, args.updates = 1, min(args.updates, 3)
     if args.max_tokens:
         over.append(f"scale.max_tokens={args.max_tokens}")
-    if args.dataset_dir:
-        over.append(f"dataset.dir={args.dataset_dir}")
-    if args.vocab_size:
-        over.append(f"dataset.vocab_size={args.vocab_size}")
+    over += B.data_overrides(args)
     n = 8192 if cuda else 2048
     rows = []
     for precision in [x.strip() for x in args.precisions.split(",") if x.strip()]:

@@ -196,10 +196,7 @@ def read_text(release: Release) -> RawText:
         empty = a if not train[SRC] else b
         raise DataError(f"{release.label(empty)}: no sentence lines (empty file, or only "
                         "<url>/<talkid>/<keywords> lines)")
-    if len(train[SRC]) != len(train[TGT]):
-        raise DataError(f"{release.label(a)} has {len(train[SRC])} sentence lines but "
-                        f"{release.label(b)} has {len(train[TGT])}: the two sides must be "
-                        "line-aligned")
+    _check_aligned(release, a, b, train, "sentence lines", "line-aligned")
     evals: dict[str, dict[str, list[str]]] = {}
     for stem in EVAL_SETS:
         segs = {lang: _segments(text[eval_file(stem, lang)]) for lang in LANGS}
@@ -208,12 +205,15 @@ def read_text(release: Release) -> RawText:
             if not segs[lang]:
                 raise DataError(f"{release.label(f)}: no <seg id=\"N\"> lines: not an IWSLT "
                                 "evaluation set")
-        if len(segs[SRC]) != len(segs[TGT]):
-            raise DataError(f"{release.label(a)} has {len(segs[SRC])} <seg> lines but "
-                            f"{release.label(b)} has {len(segs[TGT])}: the two sides must be "
-                            "aligned")
+        _check_aligned(release, a, b, segs, "<seg> lines", "aligned")
         evals[stem] = segs
     return RawText(train, evals)
+
+
+def _check_aligned(release, a: str, b: str, sides: dict[str, list[str]], what: str, how: str) -> None:
+    if len(sides[SRC]) != len(sides[TGT]):
+        raise DataError(f"{release.label(a)} has {len(sides[SRC])} {what} but {release.label(b)} has "
+                        f"{len(sides[TGT])}: the two sides must be {how}")
 
 
 # --- the text stage -----------------------------------------------------------------------------
