@@ -216,12 +216,6 @@ def sequence_generator(task, model, beam: int, lenpen: float, max_len_a: float =
     return task.build_generator([model], gen)
 
 
-def strip_pad(tokens, pad: int):
-    from fairseq import utils
-
-    return utils.strip_pad(tokens, pad)
-
-
 def move_to(sample, device: str):
     from fairseq import utils
 
