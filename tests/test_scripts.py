@@ -99,3 +99,16 @@ def test_gpu_check_tiny_runs_on_cpu(small_multi30k, bench_env):
     assert positive(rows["fp32"][2]) and positive(rows["fp32"][7])  # tok/s, share of peak
     if "GPU:" not in out:
         assert "needs a GPU" in rows["bf16"][1]
+
+
+def test_profile_step_quick_splits_update_time_and_reports_matmul_ceiling(small_multi30k, bench_env):
+    out = run_script("profile_step.py", "--quick", *data_args(small_multi30k), env=bench_env)
+    cats = {r[0]: r for r in table_rows(out, "category", "of")}
+    assert "matrix multiply (mm, addmm, bmm)" in cats and "dropout masks (bernoulli_)" in cats
+    shares = [number(r[2]) for name, r in cats.items() if not name.startswith("(")]
+    assert abs(sum(shares) - 1) < 0.01 and all(0 <= s <= 1 for s in shares)
+    assert number(cats["matrix multiply (mm, addmm, bmm)"][2]) > 0
+    eff = {r[0].split(" (")[0]: r for r in table_rows(out, "efficiency")}
+    kernels = eff["matmul kernels inside the model"]
+    assert positive(kernels[1]) and positive(kernels[2])
+    assert "ceiling set by this model's matmul shapes" in out
