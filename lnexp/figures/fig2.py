@@ -154,14 +154,13 @@ def draw(panels: list[tuple[str, list[Run]]], scale: str):
                 continue
             ep = r.series("epoch")
             color = warm_colors[ws.index(int(r.get("warmup"))) % len(warm_colors)]
-            style = ["-", "--", ":"][lrs.index(float(r.get("lr"))) % 3]
+            line = ["-", "--", ":"][lrs.index(float(r.get("lr"))) % 3]
             marker = "o" if int(r.get("seed")) == 1 else "s"
             label = _label(r, scale) + (" [diverged]" if r.state == "diverged" else "")
             for col, key in enumerate(("valid_loss", "valid_bleu")):
-                axes[row][col].plot(ep, r.series(key), style, color=color, marker=marker, ms=3,
+                axes[row][col].plot(ep, r.series(key), line, color=color, marker=marker, ms=3,
                                     alpha=0.9 if int(r.get("seed")) == 1 else 0.6, label=label)
-        axes[row][0].set(title=f"{title}: validation loss", xlabel="epoch", ylabel="valid loss (bits/token)")
-        axes[row][1].set(title=f"{title}: BLEU", xlabel="epoch", ylabel="valid BLEU")
+        style.epoch_panels(axes[row][0], axes[row][1], title)
         if not runs:
             for ax in axes[row]:
                 ax.text(0.5, 0.5, "not run yet", ha="center", va="center", transform=ax.transAxes)

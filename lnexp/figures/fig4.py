@@ -101,8 +101,7 @@ def draw(panels: list[tuple[str, list[Run]]]):
             for col, key in enumerate(("valid_loss", "valid_bleu")):
                 axes[row][col].plot(r.series("epoch"), r.series(key), ls, color=color, marker=marker,
                                     ms=3, label=arm(r) + (" [diverged]" if r.state == "diverged" else ""))
-        axes[row][0].set(title=f"{title}: validation loss", xlabel="epoch", ylabel="valid loss (bits/token)")
-        axes[row][1].set(title=f"{title}: BLEU", xlabel="epoch", ylabel="valid BLEU")
+        style.epoch_panels(axes[row][0], axes[row][1], title)
         if runs:
             axes[row][1].legend(fontsize=6, loc="best")
     fig.tight_layout()

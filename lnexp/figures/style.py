@@ -23,6 +23,16 @@ def setup():
     return plt
 
 
+def epoch_panels(loss_ax, bleu_ax, title: str) -> None:
+    """Titles, labels and whole-epoch ticks of a (validation loss, BLEU) pair of panels."""
+    from matplotlib.ticker import MaxNLocator
+
+    loss_ax.set(title=f"{title}: validation loss", xlabel="epoch", ylabel="valid loss (bits/token)")
+    bleu_ax.set(title=f"{title}: BLEU", xlabel="epoch", ylabel="valid BLEU")
+    for ax in (loss_ax, bleu_ax):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def save(fig, out_dir: Path, name: str, note: str | None = None) -> list[Path]:
     """Write NAME.png and NAME.pdf (atomically); ``note`` goes under the figure (scale, data)."""
     out_dir.mkdir(parents=True, exist_ok=True)
