@@ -84,6 +84,14 @@ def test_progress_line_and_sweep_size(tmp_path):
     line = progress.message("lr=0.001,seed=1", epoch=1, max_epoch=2, wall_s=150.0, job=2, total=6)
     assert line == "run 3/6 lr=0.001,seed=1 | epoch 1/2 | run left ~2m30s | sweep left ~17m30s"
     assert progress.message("x", 2, 2, 300.0, None, None) == "x | epoch 2/2 | run left ~0m00s"
+    assert progress.sweep_eta(tmp_path, 0, 6, 4) == "time left: unknown until a run finishes"
+    for name, wall, epochs in (("a", 300.0, 2), ("b", 600.0, 4), ("c", 90.0, 1)):  # c: still running
+        (tmp_path / name).mkdir()
+        status = "running" if name == "c" else "done"
+        (tmp_path / name / "status.json").write_text(
+            f'{{"status": "{status}", "epoch": {epochs}, "wall_s": {wall}}}')
+    # 150 s per epoch (a, b) x 4 epochs x the 4 jobs left (this one included)
+    assert progress.sweep_eta(tmp_path, 2, 6, 4).startswith("~40m00s left (4 epochs per run")
 
 
 @pytest.mark.slow

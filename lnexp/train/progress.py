@@ -71,21 +71,25 @@ def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any]) -> str:
     return line
 
 
-def sweep_eta(sweep_dir: Path, job: int, total: int | None) -> str:
-    """Time left for the sweep, from the wall time of the runs already finished in it."""
+def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int) -> str:
+    """Time left for the sweep: the mean time per epoch of the runs already finished under
+    ``sweep_dir`` (any experiment: runs of one scale take about as long per epoch) x the epochs of
+    this job and the ones after it."""
     import json
 
-    walls = []
+    per_epoch = []
     for status in Path(sweep_dir).glob("*/status.json"):
         try:
             s = json.loads(status.read_text())
         except (OSError, ValueError):
             continue
-        if s.get("status") in ("done", "diverged") and s.get("wall_s"):
-            walls.append(float(s["wall_s"]))
-    if not total or not walls:
+        if s.get("status") in ("done", "diverged") and s.get("wall_s") and s.get("epoch"):
+            per_epoch.append(float(s["wall_s"]) / int(s["epoch"]))
+    if not total or not per_epoch:
         return "time left: unknown until a run finishes"
-    return f"~{_hms((total - job) * sum(walls) / len(walls))} left (mean of {len(walls)} finished runs)"
+    left = (total - job) * max_epoch * sum(per_epoch) / len(per_epoch)
+    return (f"~{_hms(left)} left ({max_epoch} epochs per run, mean epoch time of {len(per_epoch)} "
+            "finished runs)")
 
 
 try:
@@ -112,6 +116,6 @@ class ProgressCallback(_Callback):
             total = sweep_size(sweep_dir / "multirun.yaml")
             name = Path(hc.runtime.output_dir).name
             log.info("progress: run %d/%s %s | sweep %s", job + 1, total or "?", name,
-                     sweep_eta(sweep_dir, job, total))
+                     sweep_eta(sweep_dir, job, total, int(config.max_epoch)))
         except Exception as e:  # progress must never stop a sweep
             log.debug("progress: %s", e)
