@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench as B  # noqa: E402
 
+OTHER = "other (Python, autograd engine)"
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 CATEGORIES = [  # (label, predicate on the aten op name); first match wins, the rest is "other"
     ("matrix multiply (mm, addmm, bmm)", lambda k: k in MATMUL),
@@ -57,14 +58,14 @@ def profile(trainer: B.LnexpTrainer, updates: int):
     with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         wall = sum(trainer.step()[0] for _ in range(updates))
     per_cat = {label: 0.0 for label, _ in CATEGORIES}
-    per_cat["other (Python, autograd engine)"] = 0.0
+    per_cat[OTHER] = 0.0
     flops = 0.0
     optimizer_s = 0.0
     for ev in prof.key_averages(group_by_input_shape=True):
         s = ev.self_cpu_time_total / 1e6
         if ev.key.startswith("Optimizer.step"):
             optimizer_s += ev.cpu_time_total / 1e6
-        label = next((lab for lab, pred in CATEGORIES if pred(ev.key)), "other (Python, autograd engine)")
+        label = next((lab for lab, pred in CATEGORIES if pred(ev.key)), OTHER)
         per_cat[label] += s
         if ev.key in MATMUL and ev.input_shapes:
             flops += matmul_flops(ev.key, ev.input_shapes) * ev.count
