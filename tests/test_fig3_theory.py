@@ -61,6 +61,11 @@ def test_fig3_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     s = {(r["series"], r["depth"], r["side"], r["layer"], r["param"]): r for r in summary}
     assert s[("post_ln_init", "3", "decoder", "3", "W2")]["n"] == "2"
 
+    # --replot redraws from the summary CSV and checks JSON alone, without measuring again
+    (out / "fig3.png").unlink()
+    _figure(["fig3", "--replot", "--out", str(out)], cache, monkeypatch)
+    assert (out / "fig3.png").stat().st_size > 0
+
     # the finished warm-up run is what `lnexp figure theory` may reuse
     from lnexp.figures.theory import _finished_runs
     from lnexp.probes import compose_config

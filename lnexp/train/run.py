@@ -104,10 +104,11 @@ def _job(cfg: DictConfig) -> None:
         print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
         _print_summary(run_dir)
     except UserError as e:
-        from lnexp.train.runlog import write_json
+        from lnexp.train.runlog import read_json, write_json
         from lnexp.train.settings import run_paths
 
-        write_json(run_paths(run_dir)["status"], {"status": "failed", "error": str(e)})
+        status_path = run_paths(run_dir)["status"]  # keep the epochs/updates already recorded
+        write_json(status_path, {**(read_json(status_path, {}) or {}), "status": "failed", "error": str(e)})
         _FAILED.append(("user", str(e)))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
