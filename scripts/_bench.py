@@ -111,8 +111,10 @@ class LnexpTrainer:
     fa.train_step), without its logging, so update time and evaluation time can be taken apart.
     """
 
-    def __init__(self, overrides: list[str], stock: bool = False) -> None:
-        """``stock``: build the same run as stock fairseq's ``transformer`` (settings.stock_flags)."""
+    def __init__(self, overrides: list[str], stock: bool = False, compile_layers: bool = False) -> None:
+        """``stock``: build the same run as stock fairseq's ``transformer`` (settings.stock_flags).
+        ``compile_layers``: wrap every encoder/decoder layer in torch.compile (dynamic shapes); the
+        first updates then include compilation, so give them as untimed warm-up."""
         import torch
 
         from lnexp import fairseq_adapter as fa
@@ -138,6 +140,10 @@ class LnexpTrainer:
         self.fcfg = fa.to_fairseq_config(fa.training_args(self.data.bin_dir, flags))
         self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
         _, self.epoch_itr = fa.epoch_iterator(self.fcfg, self.trainer, None)
+        if compile_layers:
+            torch._dynamo.config.recompile_limit = 64  # one code object, 12 layer instances
+            for layer in [*self.model.encoder.layers, *self.model.decoder.layers]:
+                layer.compile(dynamic=True)
         self._itr = None
         self._sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
 

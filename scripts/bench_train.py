@@ -4,6 +4,7 @@
     python scripts/bench_train.py                       # mini and IWSLT models, 3 repetitions
     python scripts/bench_train.py --models mini --reps 5 --updates 40
     python scripts/bench_train.py --quick               # tiny model, seconds (used by the tests)
+    python scripts/bench_train.py --interleaved --compile --models mini   # + torch.compile'd layers
 
 Each measurement is a fresh subprocess running the real entry point with identical settings:
 ``fairseq-train <bin> <flags>`` (fairseq_cli.train.cli_main, the console script's function) for
@@ -39,6 +40,8 @@ RATIOS = [  # (label, numerator run, denominator run, target)
     ("lnexp/stock pre_ln", ("lnexp", "pre_ln"), ("stock", "pre_ln"), 0.98),
     ("peri_ln/pre_ln (lnexp)", ("lnexp", "peri_ln"), ("lnexp", "pre_ln"), 0.92),
     ("deepnorm/post_ln (lnexp)", ("lnexp", "deepnorm"), ("lnexp", "post_ln"), None),
+    ("compiled/eager post_ln", ("compiled", "post_ln"), ("lnexp", "post_ln"), None),
+    ("compiled/eager pre_ln", ("compiled", "pre_ln"), ("lnexp", "pre_ln"), None),
 ]
 LOG_INTERVAL = 10
 
@@ -155,12 +158,18 @@ def main() -> None:
     p.add_argument("--interleaved", action="store_true",
                    help="one process, updates round-robin across all runs (robust under load; "
                         "model and Trainer cost only, lnexp's loop bookkeeping timed separately)")
+    p.add_argument("--compile", action="store_true",
+                   help="with --interleaved: also run lnexp with each encoder/decoder layer under "
+                        "torch.compile (inductor, dynamic shapes), to see whether fusing the "
+                        "element-wise ops and dropout pays on this machine")
     p.add_argument("--child", choices=("stock", "lnexp"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(args.child, args.spec)
         return
+    if args.compile and not args.interleaved:
+        p.error("--compile compares compiled and eager models in one process: add --interleaved")
 
     import torch
 
@@ -189,6 +198,8 @@ def main() -> None:
             total = warmup + updates
             runs = _runs_for(model, placements, extra, total, work, device, commands)
             if args.interleaved:
+                if args.compile:
+                    runs += [("compiled", p, argv) for kind, p, argv in runs if kind == "lnexp"]
                 results.update(interleaved(model, runs, warmup, updates))
                 continue
             for rep in range(args.reps):
@@ -235,8 +246,8 @@ def _runs_for(model: str, placements: list[str], extra: list[str], total: int, w
 def interleaved(model: str, runs, warmup: int, updates: int) -> dict:
     """All runs' trainers in this process, one update of each in turn (order reversed every other
     round); every timed round is one paired sample. Same seed and data: the same batches."""
-    trainers = [(kind, placement, B.LnexpTrainer(argv if kind == "lnexp" else _lnexp_argv(runs, placement),
-                                                 stock=kind == "stock"))
+    trainers = [(kind, placement, B.LnexpTrainer(argv if kind != "stock" else _lnexp_argv(runs, placement),
+                                                 stock=kind == "stock", compile_layers=kind == "compiled"))
                 for kind, placement, argv in runs]
     out: dict = {}
     flops: dict = {}
@@ -286,7 +297,7 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
     rows = []
     for model in models:
         for placement in placements:
-            for kind in ("stock", "lnexp"):
+            for kind in ("stock", "lnexp", "compiled"):
                 rs = results.get((model, placement, kind))
                 if not rs:
                     continue

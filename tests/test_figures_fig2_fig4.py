@@ -80,8 +80,12 @@ def test_fig2_check_fails_when_one_seed_is_within_a_nat(tmp_path):
     fig2.main(["--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "fig")])
     doc = json.loads((tmp_path / "fig" / "fig2_checks.json").read_text())
     main = next(c for c in doc["checks"] if c["id"] == "fig2_no_warmup_fails")
-    assert [s["pass"] for s in main["measured"]["per_seed"]] == [True, False]
+    seeds = main["measured"]["per_seed"]
+    assert [s["pass"] for s in seeds] == [True, False]
+    assert seeds[1]["gap_ok"] is False and seeds[1]["bleu_ok"] is True  # which half failed
+    assert seeds[1]["bleu_ratio"] == pytest.approx(0.5 / 6.7, abs=1e-4)
     assert main["pass"] is False and doc["all_required_pass"] is False
+    assert "(not met), BLEU 0.50 vs 6.70 (ratio 0.07) (met)" in main["ours"]
 
 
 def test_fig4_speedup_is_interpolated_in_epochs(tmp_path):

@@ -66,15 +66,20 @@ def test_results_cli_table_and_csv(store, tmp_path):
 
 
 @pytest.mark.slow
-def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k):
+@pytest.mark.parametrize("launcher", [
+    [], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "threads=1"],
+    ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"]], ids=["basic", "joblib", "submitit"])
+def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, launcher):
     """One run fails at run time (batches too small for any sentence: fairseq raises), the other
-    diverges (plateau rule forced); the sweep goes on and `lnexp results` lists both."""
+    diverges (plateau rule forced); the sweep goes on and `lnexp results` lists both. With joblib
+    or submitit the runs are in other processes, and the exit status still reports the failed one."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     proc = lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
                      "eval.subset=10", "scale.max_tokens=5,600",
                      "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
-                     f"runs_root={runs}", cache=cache, check=False)
+                     f"runs_root={runs}", *launcher, cache=cache, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status
+    assert not list(runs.glob(".lnexp-failures-*"))  # the workers' failure file is cleaned up
     res = lnexp_cmd("results", "--runs-root", str(runs), "--csv", cache=cache)
     rows = {r["status"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
     assert set(rows) == {"failed", "diverged"}

@@ -74,6 +74,16 @@ def test_bench_train_quick_prints_throughput_ratio_and_stock_command(small_multi
     assert "--encoder-normalize-before" not in stock[0] and "--disable-validation" in stock[0]
 
 
+def test_bench_train_interleaved_compile_prints_compiled_over_eager(small_multi30k, bench_env):
+    out = run_script("bench_train.py", "--quick", "--interleaved", "--compile", "--models", "mini",
+                     "--placements", "post_ln", *data_args(small_multi30k), env=bench_env)
+    rows = table_rows(out, "model", "placement")
+    assert [r[2] for r in rows] == ["stock", "lnexp", "compiled"]
+    assert all(positive(r[4]) for r in rows)
+    ratios = {r[1]: r for r in table_rows(out, "model", "ratio")}
+    assert positive(ratios["compiled/eager post_ln"][2]) and positive(ratios["lnexp/stock post_ln"][2])
+
+
 def test_bench_eval_quick_prints_validation_share(small_multi30k, bench_env):
     out = run_script("bench_eval.py", "--quick", *data_args(small_multi30k), env=bench_env)
     rows = table_rows(out, "BLEU", "setting")

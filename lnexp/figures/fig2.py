@@ -63,12 +63,14 @@ def contrast(adam: list[Run], lr: float = 1e-3) -> dict[str, Any]:
         loss_b, bleu_b = b.series("valid_loss")[e - 1], b.series("valid_bleu")[e - 1]
         gap_bits = loss_a - loss_b
         gap_nats = gap_bits / R.BITS_PER_NAT  # explicit: bits -> nats
-        ok = bool(gap_nats >= 1.0 and bleu_a < bleu_b / 3.0)
+        gap_ok, bleu_ok = bool(gap_nats >= 1.0), bool(bleu_a < bleu_b / 3.0)
         per_seed.append({"seed": seed, "epoch": e, "no_warmup_run": a.name, "warmup_run": b.name,
                          "warmup": long_w, "valid_loss_no_warmup": R._r(loss_a),
                          "valid_loss_warmup": R._r(loss_b), "gap_bits": R._r(gap_bits),
                          "gap_nats": R._r(gap_nats), "bleu_no_warmup": R._r(bleu_a),
-                         "bleu_warmup": R._r(bleu_b), "pass": ok})
+                         "bleu_warmup": R._r(bleu_b),
+                         "bleu_ratio": R._r(bleu_a / bleu_b) if bleu_b > 0 else None,
+                         "gap_ok": gap_ok, "bleu_ok": bleu_ok, "pass": gap_ok and bleu_ok})
     return {"lr": lr, "long_warmup": long_w, "per_seed": per_seed,
             "pass": len(per_seed) >= 2 and all(s["pass"] for s in per_seed)}
 
@@ -81,10 +83,15 @@ def _final(runs: list[Run], key: str, **want) -> float | None:
     return sum(vals) / len(vals)
 
 
+def _mark(ok: bool) -> str:
+    return "(met)" if ok else "(not met)"
+
+
 def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[dict[str, Any]]:
     c = contrast(adam)
-    ours = "; ".join(f"seed {s['seed']}: {s['gap_nats']:+.2f} nat ({s['gap_bits']:+.2f} bits), "
-                     f"BLEU {R.fmt(s['bleu_no_warmup'])} vs {R.fmt(s['bleu_warmup'])}"
+    ours = "; ".join(f"seed {s['seed']}: {s['gap_nats']:+.2f} nat ({s['gap_bits']:+.2f} bits) "
+                     f"{_mark(s['gap_ok'])}, BLEU {R.fmt(s['bleu_no_warmup'])} vs {R.fmt(s['bleu_warmup'])} "
+                     f"(ratio {R.fmt(s['bleu_ratio'])}) {_mark(s['bleu_ok'])}"
                      for s in c["per_seed"]) or "runs missing"
     out = [R.check(
         "fig2_no_warmup_fails", "Post-LN, Adam, lr 1e-3: without warm-up the valid loss ends >= 1 nat above "

@@ -7,6 +7,7 @@ and exit status 2 instead of a traceback, and no run directory is created for it
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -18,6 +19,9 @@ from lnexp.errors import ConfigError, UserError
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 log = logging.getLogger("lnexp.train")
 _FAILED: list[tuple[str, str]] = []  # (kind, message) of runs that did not finish
+# Jobs of a parallel launcher (joblib, submitit) run in other processes, so each failed run also
+# appends "kind<TAB>message" to this file (in runs_root, which a cluster shares) for main() to read.
+FAILURES_ENV = "LNEXP_FAILURES_FILE"
 
 
 def _register_resolvers() -> None:
@@ -43,8 +47,8 @@ def _task_overrides(argv: list[str]) -> list[str]:
     return out
 
 
-def check_overrides(argv: list[str]) -> None:
-    """Compose every value of every swept key once, and validate the result."""
+def check_overrides(argv: list[str]) -> Path:
+    """Compose every value of every swept key once, and validate the result; returns runs_root."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -80,6 +84,7 @@ def check_overrides(argv: list[str]) -> None:
                 fairseq_flags(cfg, 1, resolve_device(cfg))  # precision/device fit this machine
     finally:
         GlobalHydra.instance().clear()
+    return Path(cfg.runs_root)
 
 
 def _cover(choices: list[list[str]]):
@@ -109,7 +114,7 @@ def _job(cfg: DictConfig) -> None:
 
         status_path = run_paths(run_dir)["status"]  # keep the epochs/updates already recorded
         write_json(status_path, {**(read_json(status_path, {}) or {}), "status": "failed", "error": str(e)})
-        _FAILED.append(("user", str(e)))
+        _record_failure("user", str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
         from lnexp.train.runlog import write_json
@@ -117,9 +122,27 @@ def _job(cfg: DictConfig) -> None:
 
         (run_dir / "error.log").write_text(traceback.format_exc())
         write_json(run_paths(run_dir)["status"], {"status": "failed", "error": _first_line(e)})
-        _FAILED.append(("crash", str(e)))
+        _record_failure("crash", _first_line(e))
         print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {run_dir}/error.log)",
               file=sys.stderr)
+
+
+def _record_failure(kind: str, message: str) -> None:
+    _FAILED.append((kind, message))
+    path = os.environ.get(FAILURES_ENV)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
+
+
+def _failure_kinds(path: Path | None) -> set[str]:
+    """Kinds of failed runs: this process's and, for parallel launchers, the workers' (file)."""
+    kinds = {kind for kind, _ in _FAILED}
+    if path is not None and path.exists():
+        kinds |= {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
+        path.unlink()
+    return kinds
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -139,8 +162,11 @@ def main(argv: list[str]) -> int:
     import hydra
 
     _register_resolvers()
+    failures = None
     if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv):
-        check_overrides(argv)
+        failures = check_overrides(argv).resolve() / f".lnexp-failures-{os.getpid()}"
+        failures.unlink(missing_ok=True)
+        os.environ[FAILURES_ENV] = str(failures)  # inherited by launcher workers
     import warnings
 
     for category in (UserWarning, FutureWarning, DeprecationWarning):
@@ -155,8 +181,10 @@ def main(argv: list[str]) -> int:
         hydra_main()
     finally:
         sys.argv = old
-    if any(kind == "user" for kind, _ in _FAILED):
+        os.environ.pop(FAILURES_ENV, None)
+        kinds = _failure_kinds(failures)
+    if "user" in kinds:
         return 2
-    return 1 if _FAILED else 0
+    return 1 if kinds else 0
 
 
