@@ -75,14 +75,11 @@ def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int) -> s
     """Time left for the sweep: the mean time per epoch of the runs already finished under
     ``sweep_dir`` (any experiment: runs of one scale take about as long per epoch) x the epochs of
     this job and the ones after it."""
-    import json
+    from lnexp.train.runlog import read_json
 
     per_epoch = []
     for status in Path(sweep_dir).glob("*/status.json"):
-        try:
-            s = json.loads(status.read_text())
-        except (OSError, ValueError):
-            continue
+        s = read_json(status, {}) or {}
         if s.get("status") in ("done", "diverged") and s.get("wall_s") and s.get("epoch"):
             per_epoch.append(float(s["wall_s"]) / int(s["epoch"]))
     if not total or not per_epoch:

@@ -18,9 +18,8 @@ from lnexp.errors import ConfigError, UserError
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 log = logging.getLogger("lnexp.train")
-_FAILED: list[tuple[str, str]] = []  # (kind, message) of runs that did not finish
-# Jobs of a parallel launcher (joblib, submitit) run in other processes, so each failed run also
-# appends "kind<TAB>message" to this file (in runs_root, which a cluster shares) for main() to read.
+# Each run that does not finish appends "kind<TAB>message" to this file (in runs_root, which a
+# cluster shares): a parallel launcher's jobs (joblib, submitit) run in other processes.
 FAILURES_ENV = "LNEXP_FAILURES_FILE"
 
 
@@ -128,20 +127,18 @@ def _job(cfg: DictConfig) -> None:
 
 
 def _record_failure(kind: str, message: str) -> None:
-    _FAILED.append((kind, message))
-    path = os.environ.get(FAILURES_ENV)
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-            f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
+    path = Path(os.environ[FAILURES_ENV])  # set by main() before any job starts
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
 
 
 def _failure_kinds(path: Path | None) -> set[str]:
-    """Kinds of failed runs: this process's and, for parallel launchers, the workers' (file)."""
-    kinds = {kind for kind, _ in _FAILED}
-    if path is not None and path.exists():
-        kinds |= {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
-        path.unlink()
+    """Kinds of the runs that failed ("user", "crash"); removes the file."""
+    if path is None or not path.exists():
+        return set()
+    kinds = {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
+    path.unlink()
     return kinds
 
 
@@ -162,7 +159,7 @@ def main(argv: list[str]) -> int:
     import hydra
 
     _register_resolvers()
-    failures = None
+    failures = None  # --help and friends run no job
     if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv):
         failures = check_overrides(argv).resolve() / f".lnexp-failures-{os.getpid()}"
         failures.unlink(missing_ok=True)
