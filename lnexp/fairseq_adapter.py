@@ -69,7 +69,9 @@ _HIDDEN: dict[tuple[str, str], object] = {}
 def hide_fairseq_schemas(config_dir: Path | None = None) -> None:
     from hydra.core.config_store import ConfigStore
 
-    config_dir = config_dir or Path(__file__).resolve().parents[1] / "configs"
+    from lnexp.config import CONFIG_DIR
+
+    config_dir = config_dir or CONFIG_DIR
     repo = ConfigStore.instance().repo
     for group_dir in config_dir.iterdir():
         group = repo.get(group_dir.name)

@@ -379,25 +379,9 @@ def ln_jacobian_spectral_norm(x: Tensor, eps: float = 1e-5) -> float:
 
 def compose_config(overrides: list[str]):
     """lnexp's training config (configs/train.yaml) with Hydra overrides, checked."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+    from lnexp import config
 
-    from lnexp import fairseq_adapter as fa
-    from lnexp.train.run import CONFIG_DIR, _register_resolvers
-    from lnexp.train.settings import validate
-
-    _register_resolvers()
-    fa.hide_fairseq_schemas(CONFIG_DIR)  # fairseq's optimizer schemas would shadow lnexp's groups
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
-            cfg = compose("train", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
-    OmegaConf.resolve(cfg)
-    validate(cfg)
-    return cfg
+    return config.compose(overrides)
 
 
 def fairseq_config(cfg, data, arch: str | None = None, **flags):

@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import UserError
-from lnexp.train.runlog import read_metrics
+from lnexp.errors import ArgumentParser, UserError
+from lnexp.train.runlog import effective_status, read_metrics
 
 COLUMNS = ("run", "experiment", "placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed",
            "epochs", "max_epoch", "updates", "best_valid_loss", "best_bleu", "status", "diverged_update",
            "diverged_reason")
-# "running" is what status.json says while a run trains; a killed run keeps it until it is resumed.
-STATUSES = ("done", "diverged", "failed", "running", "pending")
+# "interrupted": status.json says running (or interrupted) but its process is gone (Ctrl-C, SIGKILL,
+# OOM, a dead node: runlog.effective_status); re-running the same command resumes it.
+STATUSES = ("done", "diverged", "failed", "running", "interrupted", "pending")
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Run:
 
     @property
     def state(self) -> str:
-        return str(self.status.get("status") or "pending")
+        return str(effective_status(self.status).get("status") or "pending")
 
     @property
     def diverged(self) -> dict | None:
@@ -209,7 +210,7 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="lnexp results", description=__doc__.split("\n\n")[0],
+    ap = ArgumentParser(prog="lnexp results", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="losses in bits/token; best_bleu: sacreBLEU on the validation set")
     ap.add_argument("filters", nargs="*", help="KEY=VALUE, e.g. placement=post_ln warmup=0 status=diverged")

@@ -75,26 +75,9 @@ def matmul_peak(n: int = 2048, dtype: str = "float32", device: str = "cpu", reps
 
 def compose(overrides: list[str]):
     """lnexp's train config with these overrides (as ``lnexp train`` composes it), resolved."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+    from lnexp import config
 
-    from lnexp.train.run import CONFIG_DIR, _register_resolvers
-
-    _register_resolvers()
-    if "fairseq" in sys.modules:  # its Hydra schemas would clash with lnexp's config groups
-        from lnexp.fairseq_adapter import hide_fairseq_schemas
-
-        hide_fairseq_schemas()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
-            cfg = hydra_compose("train", overrides=overrides)
-    finally:
-        GlobalHydra.instance().clear()
-    OmegaConf.resolve(cfg)
-    return cfg
+    return config.compose(overrides, check=False)
 
 
 def flop_counter():
@@ -117,12 +100,12 @@ class LnexpTrainer:
         first updates then include compilation, so give them as untimed warm-up."""
         import torch
 
+        from lnexp import config
         from lnexp import fairseq_adapter as fa
         from lnexp.data.registry import load_for_training
         from lnexp.train import settings
 
-        self.cfg = cfg = compose(overrides)
-        settings.validate(cfg)
+        self.cfg = cfg = config.compose(overrides)
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
         self.data = load_for_training(cfg.dataset)

@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from lnexp.train.run import CONFIG_DIR
+from lnexp.config import compose as _compose
+from lnexp.config import validate
 
 
 def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    from lnexp.train.run import _register_resolvers
-
-    _register_resolvers()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
-        cfg = hydra_compose("train", overrides=list(overrides))
-    GlobalHydra.instance().clear()
-    OmegaConf.resolve(cfg)
-    return cfg
+    return _compose(list(overrides), check=False)
 
 
 def test_paper_iwslt_run_has_the_papers_settings():
-    from lnexp.train.settings import fairseq_flags, validate
+    from lnexp.train.settings import fairseq_flags
 
     cfg = compose("dataset=iwslt14_de_en", "scale=paper")
     validate(cfg)

@@ -17,8 +17,9 @@ SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "di
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("placement=prelayernorm", "placement/prelayernorm"),
-    ("optimizer=adamw", "optimizer/adamw"),
+    ("placement=prelayernorm", "placement=prelayernorm is not an option of the placement group: use "
+                               "one of deepnorm, peri_ln, post_ln, pre_ln"),
+    ("optimizer=adamw", "optimizer=adamw is not an option of the optimizer group: use one of adam"),
     ("lr=0", "lr=0 must be a positive number"),
     ("lr=-1e-3", "must be a positive number"),
     ("warmup=-10", "warmup=-10 must be a whole number"),
@@ -48,8 +49,8 @@ def test_help_does_not_import_torch():
 @pytest.fixture(scope="module")
 def peri_radam_run(tmp_path_factory, small_multi30k) -> Path:
     tmp = tmp_path_factory.mktemp("peri")
-    lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "warmup=0", "max_epoch=2",
-              f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={tmp / 'runs'}",
+    lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
+              "max_epoch=2", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={tmp / 'runs'}",
               cache=tmp / "cache")
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
@@ -121,8 +122,8 @@ def test_checkpoint_loads_with_weights_only(peri_radam_run):
 def test_finished_run_is_skipped(peri_radam_run, small_multi30k):
     before = (peri_radam_run / "metrics.jsonl").stat().st_mtime
     cache = peri_radam_run.parents[1] / "cache"
-    proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "warmup=0", "max_epoch=2",
-                     f"dataset.dir={small_multi30k}", *SMALL,
+    proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
+                     "max_epoch=2", f"dataset.dir={small_multi30k}", *SMALL,
                      f"runs_root={peri_radam_run.parent}", cache=cache)
     assert "skipping" in proc.stderr + proc.stdout
     assert (peri_radam_run / "metrics.jsonl").stat().st_mtime == before

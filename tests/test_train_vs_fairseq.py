@@ -35,7 +35,7 @@ def stock_losses(cmd: str, save_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("placement", ["post_ln", "pre_ln"])
 def test_first_updates_equal_stock_fairseq_train(tmp_path, small_multi30k, placement):
     runs = tmp_path / "runs"
-    lnexp_cmd("train", f"placement={placement}", f"dataset.dir={small_multi30k}",
+    lnexp_cmd("train", f"placement={placement}", "schedule=inverse_sqrt", f"dataset.dir={small_multi30k}",
               "dataset.vocab_size=600", "scale.max_tokens=600", "warmup=8", "lr=2e-3",
               f"max_update={UPDATES}", "eval.subset=10", f"runs_root={runs}",
               cache=tmp_path / "cache")

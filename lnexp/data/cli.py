@@ -18,7 +18,7 @@ from pathlib import Path
 
 from lnexp.data.corpus import SPLITS, cache_root
 from lnexp.data.subword import SUBWORDS
-from lnexp.errors import ConfigError
+from lnexp.errors import ArgumentParser, ConfigError
 
 STAGES = ("text", "subword", "bin")
 DEFAULT_VOCAB = {"multi30k": 8000, "iwslt14": 10000, "wmt14": 37000}
@@ -34,8 +34,8 @@ def _positive(value: str) -> int:
     return n
 
 
-def parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def parser() -> ArgumentParser:
+    common = ArgumentParser(add_help=False)
     common.add_argument("--subword", choices=SUBWORDS, default="sentencepiece",
                         help="joint subword model: sentencepiece BPE (default) or subword_nmt "
                              "(the reference scripts' tool; --vocab-size is then the merge count)")
@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
                              "wmt14 37000)")
     common.add_argument("--cache", type=Path, default=None, metavar="DIR",
                         help="where prepared corpora go (default: $LNEXP_CACHE, else ./cache)")
-    p = argparse.ArgumentParser(prog="lnexp prepare", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="lnexp prepare", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="corpus", required=True, metavar="{multi30k,iwslt14,wmt14}")
     m = sub.add_parser("multi30k", parents=[common], help="Multi30k de-en (shipped with lnexp)")

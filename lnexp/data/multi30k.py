@@ -14,7 +14,9 @@ FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 
 
 def default_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "data" / "multi30k"
+    """The shipped copy: a link to the top-level data/multi30k in a checkout, the files themselves
+    in an installed wheel."""
+    return (Path(__file__).parent / "multi30k_corpus").resolve()
 
 
 def prepare(raw_dir: Path | None = None, src: str = "de", tgt: str = "en",

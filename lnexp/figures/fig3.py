@@ -31,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lnexp.errors import ArgumentParser, UserError
 from lnexp.figures.outputs import write_tables
 
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
@@ -44,7 +45,7 @@ FAR_BELOW = 0.5  # after warm-up / at init ratio up to which it is "far below"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="lnexp figure fig3", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="lnexp figure fig3", description=__doc__.split("\n")[0])
     p.add_argument("--scale", choices=("mini", "paper"), default="mini")
     p.add_argument("--seeds", type=int, default=10, help="random seeds (init + batch), default 10")
     p.add_argument("--depths", default="6,8,10,12,14", help="layers per stack for (c, d)")
@@ -322,6 +323,10 @@ def write_outputs(args, rows, summary, checks, meta) -> list[Path]:
 
 
 def replot(args) -> int:
+    for suffix in ("_summary.csv", "_checks.json"):
+        if not (args.out / f"{args.name}{suffix}").is_file():
+            raise UserError(f"--replot redraws saved measurements, but {args.out / (args.name + suffix)} "
+                            "does not exist: run `lnexp figure fig3` (make fig3) first")
     with open(args.out / f"{args.name}_summary.csv", newline="", encoding="utf-8") as f:
         summary = [{**r, "depth": int(r["depth"]), "layer": int(r["layer"]), "d_model": int(r["d_model"]),
                     "mean": float(r["mean"]), "std": float(r["std"]), "n": int(r["n"])}

@@ -8,13 +8,14 @@ gets "not run yet: make NAME" instead of failing. Checks JSON are read generical
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
 import platform
 from pathlib import Path
 from typing import Any
+
+from lnexp.errors import ArgumentParser
 
 SECTIONS = [
     ("fig3", "Gradient norms at initialisation (Fig. 3)"),
@@ -192,7 +193,7 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="lnexp figure report", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="lnexp figure report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", default="mini", choices=("mini", "paper"))
     ap.add_argument("--figures", default="figures", type=Path, help="where the figures are")
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (data sizes)")

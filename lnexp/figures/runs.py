@@ -6,7 +6,6 @@ bits/token, as the runs log them; nat values are converted explicitly (1 nat = 1
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -14,6 +13,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from lnexp.errors import ArgumentParser
 from lnexp.results import Run, collect_runs
 
 BITS_PER_NAT = 1.0 / math.log(2.0)  # 1.4427 bits
@@ -25,8 +25,8 @@ SUMMARY_FIELDS = ("experiment", "run", "placement", "optimizer", "lr", "warmup",
                   "final_valid_loss_nats", "final_valid_bleu", "best_valid_loss", "best_bleu")
 
 
-def parser(name: str, description: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"lnexp figure {name}", description=description)
+def parser(name: str, description: str) -> ArgumentParser:
+    ap = ArgumentParser(prog=f"lnexp figure {name}", description=description)
     ap.add_argument("--scale", default="mini", choices=("mini", "paper"),
                     help=f"which experiment's runs to draw (experiment={name}_SCALE)")
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (default: runs)")

@@ -27,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lnexp.errors import ArgumentParser
 from lnexp.figures.outputs import write_tables
 
 LEMMA_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
@@ -40,7 +41,7 @@ JAC_TOL = 0.01  # relative deviation of ‖J_LN‖₂ from √d/‖x‖ for cent
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="lnexp figure theory", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="lnexp figure theory", description=__doc__.split("\n")[0])
     p.add_argument("--scale", choices=("mini", "paper"), default="mini")
     p.add_argument("--lemma-d", type=int, default=256, help="width in the simplified setting")
     p.add_argument("--lemma-layers", type=int, default=12, help="layers in the simplified setting")

@@ -27,12 +27,15 @@ UNITS = {"loss": "bits/token (label-smoothed cross-entropy, base 2, as fairseq l
          "wall_s": "seconds of training and validation since the run began"}
 
 
-def finished(run_dir: Path, max_epoch: int) -> dict | None:
+def finished(run_dir: Path, max_epoch: int, max_update: int = 0) -> dict | None:
+    """The run's final status if it already went as far as asked; None if there is more to do
+    (a longer max_epoch or max_update extends a finished run in place)."""
     status = read_json(settings.run_paths(run_dir)["status"], {})
     if status.get("status") == "diverged" and status.get("stopped"):
         return status
-    if status.get("status") in FINAL and (status.get("epoch", 0) >= max_epoch
-                                          or status.get("max_update_reached")):
+    if status.get("status") in FINAL and (
+            status.get("epoch", 0) >= max_epoch
+            or (max_update and status.get("updates", 0) >= max_update)):
         return status
     return None
 
@@ -44,7 +47,7 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     from lnexp.data.registry import load_for_training
 
     paths = settings.run_paths(run_dir)
-    done = finished(run_dir, int(cfg.max_epoch))
+    done = finished(run_dir, int(cfg.max_epoch), int(cfg.max_update))
     if done is not None:
         log.info("%s: already %s at epoch %s, skipping", run_dir, done["status"], done.get("epoch"))
         return done
@@ -66,6 +69,8 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     state = (extra or {}).get("lnexp") or {"history": [], "wall_s": 0.0, "acc": _zero_acc(),
                                           "diverged": None}
     history: list[dict[str, Any]] = state["history"]
+    _log_start(cfg, run_dir, trainer.get_num_updates(), epoch_itr, history,
+               read_json(paths["status"], {}))
     runlog = RunLog(paths, trainer.get_num_updates())
     scorer = BleuScorer(task, data, int(cfg.eval.beam), float(cfg.eval.lenpen),
                         int(cfg.eval.max_sentences), int(cfg.eval.subset))
@@ -82,6 +87,7 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "fairseq_flags": {k: str(v) for k, v in flags.items()},
         "stock_fairseq_train": None if stock is None else shlex.join(
             ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
+        "schedule": schedule_in_force(cfg),
         "units": UNITS, "unigram_entropy_bits": entropy,
         "bleu_signature": None, "last_started": time.strftime("%FT%T"),
     })
@@ -91,14 +97,16 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
         tracker = NormTracker(trainer.model, paths["norms"], int(cfg.track_every),
                               trainer.get_num_updates(), tb=runlog.tb)
-    status = {"status": "running", "epoch": len(history), "updates": trainer.get_num_updates()}
-    write_json(paths["status"], status)
     t0 = time.perf_counter() - state["wall_s"]
     save_every = int(cfg.save_interval_updates)
     max_update = int(cfg.max_update)
+    beat = _Heartbeat(paths["status"])
+    beat({"status": "running", "epoch": len(history), "updates": trainer.get_num_updates()})
+    bar = None
 
     def save(end_of_epoch: bool) -> None:
         state["wall_s"] = time.perf_counter() - t0
+        state["saved_update"] = trainer.get_num_updates()
         if end_of_epoch:
             runlog.epoch(history)
         else:
@@ -111,6 +119,10 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             itr = epoch_itr.next_epoch_itr(fix_batches_to_gpus=False,
                                            shuffle=epoch > fcfg.dataset.curriculum)
             itr = fa.grouped(itr, fcfg)
+            if bar is None:
+                run_updates = len(itr) * int(cfg.max_epoch)
+                bar = progress.UpdateProgress(int(cfg.log_interval), len(itr),
+                                              min(run_updates, max_update or run_updates))
             trainer.begin_epoch(epoch)
             acc = state["acc"]
             for samples in itr:
@@ -122,6 +134,10 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                                          "epoch": epoch}
                     break
                 runlog.update({"update": n, "epoch": epoch, "lr": lr, **step})
+                if bar.update(n, epoch, itr.n, step, lr, time.perf_counter() - t0):
+                    runlog.flush_updates()
+                    beat({"status": "running", "epoch": len(history), "updates": n,
+                          "in_epoch": epoch})
                 for key in ("loss", "nll_loss"):
                     acc[key] += step[key] * step["sample_size" if key == "loss" else "ntokens"]
                 acc["sample_size"] += step["sample_size"]
@@ -134,25 +150,41 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                     save(end_of_epoch=False)
             if state["diverged"]:
                 break
+            bar.close()
+            beat({"status": "running", "epoch": len(history), "updates": trainer.get_num_updates(),
+                  "validating": epoch})
             record, state["signature"] = _end_of_epoch(task, trainer, scorer, epoch, acc, paths,
                                                        device, t0)
-            history.append(record)
-            state["acc"] = _zero_acc()
+            if history and history[-1]["epoch"] == epoch:  # a max_update stop inside this epoch
+                history[-1] = record
+            else:
+                history.append(record)
+            if epoch_itr.end_of_epoch():  # else max_update stopped it: an extension goes on with it
+                state["acc"] = _zero_acc()
             trainer.lr_step(epoch, record["valid_loss"])
             if state["diverged"] is None and rule.stuck(epoch, record["valid_nll_loss"]):
                 state["diverged"] = {"reason": f"plateau: valid nll {record['valid_nll_loss']:.2f}"
                                      f" bits >= unigram entropy {entropy:.2f} - {rule.margin_bits}",
                                      "update": record["updates"], "epoch": epoch}
             _log_epoch(record)
-            progress.log_epoch(cfg, run_dir, record)
+            stopped = bool(max_update) and trainer.get_num_updates() >= max_update
+            progress.log_epoch(cfg, run_dir, record, stopped=f"max_update={max_update}" if stopped
+                               else None)
             save(end_of_epoch=True)
             _keep_best(paths["checkpoints"], history)
             if state["diverged"] and (cfg.divergence.stop or not math.isfinite(record["valid_loss"])):
                 break
             if max_update and trainer.get_num_updates() >= max_update:
                 break
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say so; the last checkpoint resumes it
+        write_json(paths["status"], {"status": "interrupted", "epoch": len(history),
+                                     "updates": trainer.get_num_updates(),
+                                     "resumes_from": _checkpoint_update(state, history)})
+        raise
     finally:
         runlog.close()
+        if bar is not None:
+            bar.close()
     div = state["diverged"]
     if div and div["reason"].startswith("non-finite"):
         save(end_of_epoch=True)
@@ -166,6 +198,62 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     write_json(paths["run"], run_json)
     write_json(paths["status"], status)
     return status
+
+
+def schedule_in_force(cfg: DictConfig) -> str:
+    """The lr schedule of the run in words, and why it is the one in force."""
+    s = cfg.schedule
+    warm = f"linear warm-up over {cfg.warmup} updates" if cfg.warmup else "no warm-up"
+    epochs = ", ".join(str(e) for e in s.get("epochs", []))
+    shape = {"inverse_sqrt": "then inverse-sqrt decay", "constant": "then lr_max held",
+             "step": f"lr_max held, x{s.get('gamma')} from epoch {epochs}",
+             "linear": "then linear decay to 0 at the end of the run"}[s.name]
+    return f"{s.name}: lr_max {cfg.lr:g}, {warm}, {shape} ({s.get('why', 'chosen')})"
+
+
+def _log_start(cfg: DictConfig, run_dir: Path, n: int, epoch_itr, history: list[dict[str, Any]],
+               before: dict[str, Any]) -> None:
+    """Say whether the run starts, resumes (from which update and epoch) or is extended."""
+    from lnexp.train.runlog import effective_status
+
+    before = effective_status(before) if before else {}
+    if n == 0:
+        log.info("%s: starting", run_dir)
+    elif before.get("status") in FINAL:
+        log.info("%s: extending the %s run (%d epochs, %d updates) to max_epoch=%s%s; metrics.jsonl "
+                 "is appended to", run_dir, before["status"], len(history), n, cfg.max_epoch,
+                 f", max_update={cfg.max_update}" if cfg.max_update else "")
+    else:
+        where = (f"the start of epoch {epoch_itr.next_epoch_idx}" if epoch_itr.end_of_epoch()
+                 else f"epoch {epoch_itr.epoch}, {epoch_itr.iterations_in_epoch} batches into it")
+        lost = int(before.get("updates", n)) - n
+        log.info("%s: resuming from update %d (%s)%s", run_dir, n, where,
+                 f"; it was {before.get('status', 'stopped')} at update {before['updates']}, the "
+                 f"{lost} updates after the last checkpoint are done again" if lost > 0 else "")
+    log.info("schedule: %s", schedule_in_force(cfg))
+
+
+class _Heartbeat:
+    """Writes the running status with pid, host and time; a reader calls the run interrupted once
+    the heartbeat is older than 5x the longest gap seen (10 minutes at least)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.last: float | None = None
+        self.longest = 0.0
+
+    def __call__(self, status: dict[str, Any]) -> None:
+        from lnexp.train.runlog import stamp
+
+        now = time.time()
+        if self.last is not None:
+            self.longest = max(self.longest, now - self.last)
+        self.last = now
+        write_json(self.path, stamp(status, max(600.0, 5 * self.longest)))
+
+
+def _checkpoint_update(state: dict[str, Any], history: list[dict[str, Any]]) -> int:
+    return int(state.get("saved_update", history[-1]["updates"] if history else 0))
 
 
 def _zero_acc() -> dict[str, float]:

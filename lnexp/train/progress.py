@@ -1,5 +1,7 @@
-"""Sweep progress, one line per epoch: which run (k of N), which epoch, time left.
+"""Progress of runs and sweeps: where a run is inside its epoch, which run of a sweep, time left.
 
+    UpdateProgress(...).update(...)            # every update: a line each log_interval updates
+                                               # (fairseq's manner), a live bar on a terminal
     progress.log_epoch(cfg, run_dir, record)   # after each epoch, record = the metrics.jsonl row
 
 N comes from the sweep definition that Hydra saved in ``<sweep dir>/multirun.yaml`` (the sweeper's
@@ -42,6 +44,72 @@ def _hms(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+class UpdateProgress:
+    """Lines such as ``epoch 1 | 20/128 | loss 9.12 | nll 8.90 | lr 0.0002 | gnorm 1.2 | 3302 tok/s |
+    elapsed 25s | epoch left ~1m44s | run left ~4m20s``, every ``log_interval`` updates.
+
+    Times left are the updates still to do times the mean update time of this process (validation
+    not included); on a terminal a bar on stdout is redrawn after every update.
+    """
+
+    def __init__(self, log_interval: int, updates_per_epoch: int, run_updates: int,
+                 live: bool | None = None) -> None:
+        import sys
+        import time
+
+        self.log_interval = max(int(log_interval), 1)
+        self.per_epoch = updates_per_epoch
+        self.run_updates = run_updates
+        self.live = sys.stdout.isatty() if live is None else live
+        self._t0 = time.perf_counter()
+        self._done_here = 0  # updates done by this process (the rate excludes a resume's past)
+        self._since = self._t0  # time of the last line; tokens since then
+        self._tokens = 0.0
+
+    def update(self, n: int, epoch: int, in_epoch: int, step: dict[str, float], lr: float,
+               elapsed_s: float) -> str | None:
+        """Record update ``n`` (``in_epoch`` of this epoch); returns the line when one is due."""
+        import time
+
+        now = time.perf_counter()
+        self._done_here += 1
+        per_update = (now - self._t0) / self._done_here
+        self._tokens += step.get("ntokens", 0.0)
+        epoch_left = per_update * max(self.per_epoch - in_epoch, 0)
+        run_left = per_update * max(self.run_updates - n, 0)
+        if self.live:
+            self._draw(f"epoch {epoch} {_bar(in_epoch, self.per_epoch)} {in_epoch}/{self.per_epoch}"
+                       f" | loss {step['loss']:.3f} | run left ~{_hms(run_left)}")
+        if n % self.log_interval and in_epoch < self.per_epoch:
+            return None
+        rate = self._tokens / max(now - self._since, 1e-9)
+        self._since, self._tokens = now, 0.0
+        line = (f"epoch {epoch} | {in_epoch}/{self.per_epoch} | update {n} | loss {step['loss']:.3f} | "
+                f"nll {step['nll_loss']:.3f} | lr {lr:.3g} | gnorm {step['gnorm']:.3f} | "
+                f"{rate:.0f} tok/s | elapsed {_hms(elapsed_s)} | "
+                f"epoch left ~{_hms(epoch_left)} | run left ~{_hms(run_left)}")
+        if self.live:
+            self._draw("")
+        log.info(line)
+        return line
+
+    def close(self) -> None:
+        if self.live:
+            self._draw("")
+
+    @staticmethod
+    def _draw(text: str) -> None:
+        import sys
+
+        sys.stdout.write("\r" + text[:150] + "\x1b[K")
+        sys.stdout.flush()
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = int(width * done / max(total, 1))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
 def message(run_name: str, epoch: int, max_epoch: int, wall_s: float, job: int | None,
             total: int | None) -> str:
     per_epoch = wall_s / max(epoch, 1)
@@ -53,7 +121,8 @@ def message(run_name: str, epoch: int, max_epoch: int, wall_s: float, job: int |
     return line
 
 
-def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any]) -> str:
+def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any], stopped: str | None = None) -> str:
+    """The per-epoch line; ``stopped`` names what ended the run early (e.g. ``max_update=20``)."""
     job = total = None
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -65,8 +134,11 @@ def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any]) -> str:
             total = sweep_size(Path(hc.sweep.dir) / "multirun.yaml")
     except Exception:  # not under Hydra (tests, scripts)
         pass
-    line = message(Path(run_dir).name, int(record["epoch"]), int(cfg.max_epoch),
+    epoch = int(record["epoch"])
+    line = message(Path(run_dir).name, epoch, epoch if stopped else int(cfg.max_epoch),
                    float(record.get("wall_s", 0.0)), job, total)
+    if stopped:
+        line = line.replace(f"epoch {epoch}/{epoch} ", f"epoch {epoch} (stopped at {stopped}) ")
     log.info("progress: %s", line)
     return line
 

@@ -8,25 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from lnexp.config import first_line as _first_line
 from lnexp.errors import ConfigError, UserError
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 log = logging.getLogger("lnexp.train")
 # Each run that does not finish appends "kind<TAB>message" to this file (in runs_root, which a
 # cluster shares): a parallel launcher's jobs (joblib, submitit) run in other processes.
 FAILURES_ENV = "LNEXP_FAILURES_FILE"
-
-
-def _register_resolvers() -> None:
-    if not OmegaConf.has_resolver("run_name"):
-        # The run directory is named by the overrides, so one configuration has one place.
-        OmegaConf.register_new_resolver("run_name", lambda s: s.replace("/", "_") or "default")
+HYDRA_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path",
+                          "-cp", "--config-dir", "-cd", "--info", "-i")
 
 
 def _task_overrides(argv: list[str]) -> list[str]:
@@ -37,8 +34,7 @@ def _task_overrides(argv: list[str]) -> list[str]:
             skip = False
             continue
         if a.startswith("-"):
-            skip = a in ("--cfg", "-c", "--package", "-p", "--config-name", "-cn",
-                         "--config-path", "-cp", "--config-dir", "-cd", "--info", "-i")
+            skip = a in HYDRA_FLAGS_WITH_VALUE
             continue
         if a.startswith(("hydra.", "hydra/", "+hydra", "~hydra")):
             continue
@@ -48,41 +44,24 @@ def _task_overrides(argv: list[str]) -> list[str]:
 
 def check_overrides(argv: list[str]) -> Path:
     """Compose every value of every swept key once, and validate the result; returns runs_root."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
 
+    from lnexp import config
     from lnexp.data.registry import check_available
-    from lnexp.train.settings import fairseq_flags, resolve_device, validate
+    from lnexp.train.settings import fairseq_flags, resolve_device
 
-    overrides = _task_overrides(argv)
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except HydraException as e:
-        raise ConfigError(f"{_first_line(e)} (syntax: key=value, group=option)") from None
+    overrides = config.normalise(_task_overrides(argv))
     choices = []
-    for o in parsed:
+    for o in OverridesParser.create().parse_overrides(overrides):
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [
             o.get_value_element_as_str()]
         choices.append([f"{o.get_key_element()}={v}" for v in values])
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
-            # every value at least once, without the full cross product
-            for combo in _cover(choices):
-                try:
-                    cfg = compose("train", overrides=combo)
-                    OmegaConf.resolve(cfg)
-                except (HydraException, OmegaConfBaseException) as e:
-                    raise ConfigError(f"{_first_line(e)} (lnexp train --help lists the options)") \
-                        from None
-                validate(cfg)
-                check_available(cfg.dataset)
-                fairseq_flags(cfg, 1, resolve_device(cfg))  # precision/device fit this machine
-    finally:
-        GlobalHydra.instance().clear()
+    with config.composer() as compose:
+        for combo in _cover(choices):  # every value at least once, without the full cross product
+            cfg = compose(combo)
+            config.validate(cfg)
+            check_available(cfg.dataset)
+            fairseq_flags(cfg, 1, resolve_device(cfg))  # precision/device fit this machine
     return Path(cfg.runs_root)
 
 
@@ -90,11 +69,6 @@ def _cover(choices: list[list[str]]):
     width = max((len(c) for c in choices), default=1)
     for i in range(width):
         yield [c[min(i, len(c) - 1)] for c in choices]
-
-
-def _first_line(e: Exception) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0] if lines else type(e).__name__
 
 
 def _job(cfg: DictConfig) -> None:
@@ -155,22 +129,51 @@ def _print_summary(run_dir: Path) -> None:
     print("(losses in bits/token, BLEU: sacreBLEU; metrics.jsonl has every field)")
 
 
+def _hydra_argv(argv: list[str]) -> list[str]:
+    """argv with the task overrides normalised (``depth=12`` -> ``depth='12'``) and ``--cfg`` printing
+    the resolved config."""
+    from lnexp import config
+
+    out, skip = [], False
+    for a in argv:
+        if skip or a.startswith("-") or a.startswith(("hydra.", "hydra/", "+hydra", "~hydra")):
+            skip = not skip and a in HYDRA_FLAGS_WITH_VALUE  # the flag's value follows it
+            out.append(a)
+        else:
+            out += config.normalise([a])
+    if any(a in ("--cfg", "-c") for a in out) and "--resolve" not in out:
+        out.append("--resolve")
+    return out
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str]) -> int:
     import hydra
 
-    _register_resolvers()
-    failures = None  # --help and friends run no job
+    from lnexp import config
+
+    config.register_resolvers()
+    if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
+        raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
+    failures = None  # --help, --cfg and friends run no job
     if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv):
-        failures = check_overrides(argv).resolve() / f".lnexp-failures-{os.getpid()}"
-        failures.unlink(missing_ok=True)
-        os.environ[FAILURES_ENV] = str(failures)  # inherited by launcher workers
+        runs_root = check_overrides(argv)
+        argv = _hydra_argv(argv)
+        if not any(a in ("--cfg", "-c") for a in argv):
+            failures = runs_root.resolve() / f".lnexp-failures-{os.getpid()}"
+            failures.unlink(missing_ok=True)
+            os.environ[FAILURES_ENV] = str(failures)  # inherited by launcher workers
     import warnings
 
     for category in (UserWarning, FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category)  # third-party deprecation noise
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    hydra_main = hydra.main(config_path=str(CONFIG_DIR), config_name="train",
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: record it as Ctrl-C would
+    hydra_main = hydra.main(config_path=str(config.CONFIG_DIR), config_name="train",
                             version_base="1.1")(_job)
     old = sys.argv
     sys.argv = ["lnexp train", *argv]

@@ -36,6 +36,37 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
+def stamp(status: dict[str, Any], stale_after_s: float) -> dict[str, Any]:
+    """A ``running`` status with who writes it and when, so that readers can tell a live run from
+    one whose process is gone (``effective_status``)."""
+    import socket
+    import time
+
+    return {**status, "pid": os.getpid(), "host": socket.gethostname(), "heartbeat": time.time(),
+            "stale_after_s": round(stale_after_s)}
+
+
+def effective_status(status: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """status.json as it stands: a ``running`` run whose process is gone (SIGKILL, OOM, a dead node)
+    is ``interrupted`` at its last recorded update. On the run's own host the process is looked up;
+    elsewhere a heartbeat older than ``stale_after_s`` decides."""
+    import socket
+    import time
+
+    if status.get("status") != "running":
+        return status
+    age = (now or time.time()) - float(status.get("heartbeat", 0))
+    gone = age > float(status.get("stale_after_s", 3600))
+    if not gone and status.get("host") == socket.gethostname() and status.get("pid"):
+        try:
+            os.kill(int(status["pid"]), 0)
+        except ProcessLookupError:
+            gone = True
+        except PermissionError:
+            pass
+    return {**status, "status": "interrupted"} if gone else status
+
+
 class RunLog:
     def __init__(self, paths: dict[str, Path], resume_update: int, tensorboard: bool = True) -> None:
         self.paths = paths

@@ -6,46 +6,12 @@ The mapping is explicit so that every run can print the equivalent stock ``fairs
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from lnexp.errors import ConfigError
-from lnexp.names import NORMS, PLACEMENTS, PRECISIONS
-from lnexp.names import SCHEDULES as SHAPES
-
-
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError (one line, naming the fix) for values no run can use."""
-
-    def number(key: str) -> float:
-        value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}={value!r} is not a number: e.g. {key}=1e-3")
-        return float(value)
-
-    lr = number("lr")
-    if not math.isfinite(lr) or lr <= 0:
-        raise ConfigError(f"lr={cfg.lr} must be a positive number: e.g. lr=5e-4")
-    if number("warmup") < 0 or int(cfg.warmup) != cfg.warmup:
-        raise ConfigError(f"warmup={cfg.warmup} must be a whole number of updates >= 0 "
-                          "(warmup=0 for none)")
-    if number("max_epoch") < 1 or int(cfg.max_epoch) != cfg.max_epoch:
-        raise ConfigError(f"max_epoch={cfg.max_epoch} must be a whole number >= 1")
-    if not isinstance(cfg.seed, int) or isinstance(cfg.seed, bool):
-        raise ConfigError(f"seed={cfg.seed!r} must be an integer")
-    if number("residual_scale") <= 0:
-        raise ConfigError(f"residual_scale={cfg.residual_scale} must be > 0 (1.0 = plain residual)")
-    checks = [("norm", cfg.norm, NORMS), ("precision", cfg.precision, PRECISIONS),
-              ("device", cfg.device, ("auto", "cpu", "cuda")),
-              ("placement", cfg.placement.name, PLACEMENTS), ("schedule", cfg.schedule.name, SHAPES)]
-    for key, value, allowed in checks:
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-    if cfg.eval.beam < 1:
-        raise ConfigError(f"eval.beam={cfg.eval.beam} must be >= 1")
 
 
 def resolve_device(cfg: DictConfig) -> str:

@@ -1,0 +1,7 @@
+"""``python -m lnexp``: the same as the ``lnexp`` command."""
+
+import sys
+
+from lnexp.cli import main
+
+sys.exit(main())
