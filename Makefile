@@ -1,5 +1,12 @@
 # lnexp: one target per step of the study. `make demo` and `make test` work on a fresh clone.
-PYTHON      ?= python3
+# The newest supported Python found (3.12, then 3.11: ve-fairseq 0.12.3 has wheels for both), on
+# PATH or under pyenv; `make install PYTHON=/path/to/python3.11` chooses one.
+SUPPORTED   := 3.12 3.11
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell for v in $(SUPPORTED); do \
+	for p in python$$v $$(ls -d $$(pyenv root 2>/dev/null)/versions/$$v*/bin/python$$v 2>/dev/null | sort -V | tail -1); do \
+	$$p -c 'import sys' >/dev/null 2>&1 && { echo $$p; exit 0; }; done; done)
+endif
 VENV        ?= .venv
 BIN         := $(VENV)/bin
 # The CPU wheel of torch is installed first so that no multi-GB CUDA build is pulled in.
@@ -14,7 +21,10 @@ STAMP       := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "make install: no Python $(subst $() ,/,$(SUPPORTED)) found; install one (e.g. pyenv install 3.12) or give PYTHON=/path/to/python3.12" >&2; exit 2; }
+	@test -x $(BIN)/python || $(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null || { echo "make install: $(PYTHON) is not a Python 3.11 or 3.12 (what lnexp supports): give PYTHON=/path/to/python3.12" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make install: $(VENV) uses Python $$($(BIN)/python -c 'import platform; print(platform.python_version())') (supported: 3.11, 3.12)"
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(BIN)/python -m pip install -q "$(TORCH_SPEC)")
 	$(BIN)/python -m pip install -q -e ".[dev]"
