@@ -13,8 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lnexp.errors import ConfigError
-from lnexp.names import NORMS, PLACEMENTS, PRECISIONS
-from lnexp.names import SCHEDULES as SHAPES
+from lnexp.names import NORMS, PLACEMENTS, PRECISIONS, SCHEDULES
 
 
 def validate(cfg: DictConfig) -> None:
@@ -40,7 +39,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"residual_scale={cfg.residual_scale} must be > 0 (1.0 = plain residual)")
     checks = [("norm", cfg.norm, NORMS), ("precision", cfg.precision, PRECISIONS),
               ("device", cfg.device, ("auto", "cpu", "cuda")),
-              ("placement", cfg.placement.name, PLACEMENTS), ("schedule", cfg.schedule.name, SHAPES)]
+              ("placement", cfg.placement.name, PLACEMENTS), ("schedule", cfg.schedule.name, SCHEDULES)]
     for key, value, allowed in checks:
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
