@@ -1,7 +1,17 @@
-"""Every use of fairseq's internals goes through this module, so an upgrade touches one place.
+"""fairseq's runtime internals, behind one module: an upgrade of fairseq touches this file and
+lnexp's two plugin modules, nothing else.
 
-It builds fairseq's argument namespaces from plain settings, binarises text, creates the task,
-model, criterion and ``Trainer``, and loads checkpoints with torch's ``weights_only`` check on.
+Everything lnexp and its scripts do with fairseq at run time goes through here: fairseq's argument
+namespaces and configs from plain settings (and its Hydra schemas kept out of lnexp's), binarising
+text, the task, model, criterion and ``Trainer``, epoch and batch iterators, the sequence generator,
+checkpoints loaded with torch's ``weights_only`` check on, and stock ``fairseq-train`` itself for the
+side-by-side benchmarks.
+
+Not here, by design: lnexp's fairseq plugins. ``lnexp/model/`` subclasses fairseq's Transformer layers
+and registers ``ln_transformer`` (``register_model``); ``lnexp/optim.py`` registers ``radam`` and the
+``lnexp`` schedule (``register_optimizer``, ``register_lr_scheduler``). Those are fairseq's public
+extension points, the ones a ``--user-dir`` module uses; a class registered with fairseq has to import
+fairseq where it is defined, and none of them touches the runtime internals above.
 """
 
 from __future__ import annotations
@@ -287,3 +297,24 @@ def build_model(cfg, task, seed: int):
 
 def build_criterion(cfg, task):
     return task.build_criterion(cfg.criterion)
+
+
+# --- stock fairseq, for side-by-side benchmarks (scripts/bench_train.py) ------------------------
+
+
+def trainer_class():
+    """fairseq's ``Trainer`` class: the one both lnexp and stock fairseq-train update with (a
+    benchmark wraps its ``train_step`` to time every update of either)."""
+    from fairseq.trainer import Trainer
+
+    return Trainer
+
+
+def run_stock_train(argv: list[str]) -> None:
+    """``fairseq-train ARGV`` in this process: the console script's own function, unchanged."""
+    import sys
+
+    from fairseq_cli.train import cli_main
+
+    sys.argv = ["fairseq-train", *argv]
+    cli_main()

@@ -1,6 +1,31 @@
-"""The choices of each axis of the study, importable without torch or fairseq."""
+"""The choices of each axis of the study and the architectures' sizes, importable without torch or
+fairseq (the CLI's start-up path, settings and the report read them)."""
 
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln", "deepnorm")
 NORMS = ("layernorm", "rmsnorm")
 SCHEDULES = ("inverse_sqrt", "constant", "step", "linear")
 PRECISIONS = ("fp32", "bf16", "fp16")
+
+# Sizes of each stack (encoder and decoder alike) of the registered architectures. The mini size is
+# lnexp's own and its fairseq architecture reads it from here; the other two are fairseq's
+# transformer_iwslt_de_en and transformer_wmt_en_de, which tests/test_model.py checks this table against.
+ARCH_SIZES: dict[str, dict[str, int]] = {
+    "ln_transformer_mini": {"layers": 6, "embed_dim": 128, "ffn_embed_dim": 512, "attention_heads": 4},
+    "ln_transformer_iwslt_de_en": {"layers": 6, "embed_dim": 512, "ffn_embed_dim": 1024,
+                                   "attention_heads": 4},
+    "ln_transformer_wmt_en_de": {"layers": 6, "embed_dim": 512, "ffn_embed_dim": 2048,
+                                 "attention_heads": 8},
+}
+
+
+def arch_flags(arch: str, layers: bool = True) -> dict[str, int]:
+    """``arch``'s sizes as fairseq options: {'encoder_embed_dim': 128, ...} (``layers``: with the depth)."""
+    return {f"{side}_{key}": value for side in ("encoder", "decoder")
+            for key, value in ARCH_SIZES[arch].items() if layers or key != "layers"}
+
+
+def describe_arch(arch: str) -> str:
+    """'6+6 layers, d=128, FFN 512, 4 heads'."""
+    s = ARCH_SIZES[arch]
+    return (f"{s['layers']}+{s['layers']} layers, d={s['embed_dim']}, FFN {s['ffn_embed_dim']}, "
+            f"{s['attention_heads']} heads")

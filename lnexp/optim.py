@@ -25,7 +25,7 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from fairseq.optim.lr_scheduler import FairseqLRScheduler, register_lr_scheduler
 from omegaconf import II
 
-from lnexp.names import SCHEDULES as SHAPES  # noqa: E402
+from lnexp.names import SCHEDULES
 
 
 @dataclass
@@ -60,7 +60,7 @@ class FairseqRAdam(FairseqOptimizer):
 
 @dataclass
 class LnexpScheduleConfig(FairseqDataclass):
-    schedule: str = field(default="inverse_sqrt", metadata={"help": "|".join(SHAPES)})
+    schedule: str = field(default="inverse_sqrt", metadata={"help": "|".join(SCHEDULES)})
     warmup_updates: int = field(default=0, metadata={"help": "linear warm-up length (0: none)"})
     step_epochs: str = field(default="8", metadata={"help": "step: epochs where lr is multiplied"})
     step_gamma: float = field(default=0.1, metadata={"help": "step: the multiplier"})
@@ -85,7 +85,7 @@ def scheduled_lr(cfg: LnexpScheduleConfig, lr_max: float, n: int, epoch: int = 1
     if cfg.schedule == "linear":
         total = max(cfg.total_updates, w + 1)
         return lr_max * max(total - n, 0) / (total - w)
-    raise ValueError(f"unknown schedule {cfg.schedule!r}: use one of {', '.join(SHAPES)}")
+    raise ValueError(f"unknown schedule {cfg.schedule!r}: use one of {', '.join(SCHEDULES)}")
 
 
 def _milestones(spec: str | int) -> list[int]:
@@ -96,8 +96,8 @@ def _milestones(spec: str | int) -> list[int]:
 class LnexpSchedule(FairseqLRScheduler):
     def __init__(self, cfg: LnexpScheduleConfig, optimizer) -> None:
         super().__init__(cfg, optimizer)
-        if cfg.schedule not in SHAPES:
-            raise ValueError(f"unknown schedule {cfg.schedule!r}: use one of {', '.join(SHAPES)}")
+        if cfg.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {cfg.schedule!r}: use one of {', '.join(SCHEDULES)}")
         self.lr_max = cfg.lr[0] if isinstance(cfg.lr, Collection) else cfg.lr
         self.epoch = 1
         self.num_updates = 0

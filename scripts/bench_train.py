@@ -55,7 +55,9 @@ def child(kind: str, spec_path: str) -> None:
     import torch
 
     torch.set_num_threads(int(spec["threads"]))
-    from fairseq.trainer import Trainer
+    from lnexp import fairseq_adapter as fa
+
+    Trainer = fa.trainer_class()
 
     warmup, updates = int(spec["warmup"]), int(spec["updates"])
     total = warmup + updates
@@ -99,15 +101,11 @@ def child(kind: str, spec_path: str) -> None:
 
     Trainer.train_step = timed_step
     if kind == "stock":
-        from fairseq_cli.train import cli_main
-
-        sys.argv = ["fairseq-train", *spec["argv"]]
-        cli_main()
+        fa.run_stock_train(spec["argv"])
     else:
         from lnexp.cli import main
-        from lnexp.fairseq_adapter import hide_fairseq_schemas
 
-        hide_fairseq_schemas()  # imported fairseq first (the hook): keep lnexp's compose working
+        fa.hide_fairseq_schemas()  # imported fairseq first (the hook): keep lnexp's compose working
 
         sys.exit(main(["train", *spec["argv"]]))
 

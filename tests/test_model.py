@@ -199,3 +199,23 @@ def test_architectures_have_paper_sizes():
     mini = arch("ln_transformer_mini")
     assert (mini.decoder_layers, mini.decoder_embed_dim, mini.decoder_ffn_embed_dim,
             mini.decoder_attention_heads) == (6, 128, 512, 4)
+
+
+def test_arch_sizes_table_is_what_fairseq_builds():
+    """lnexp.names.ARCH_SIZES (read by settings.stock_flags and the report) is each registered
+    architecture's real size, and the stock equivalent of the mini model has the same sizes."""
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    import lnexp.model  # noqa: F401
+    from lnexp.names import ARCH_SIZES, arch_flags
+
+    for name in ARCH_SIZES:
+        a = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[name](a)
+        assert {k: getattr(a, k) for k in arch_flags(name)} == arch_flags(name), name
+    stock = argparse.Namespace(**arch_flags("ln_transformer_mini", layers=False))
+    ARCH_CONFIG_REGISTRY["transformer"](stock)
+    assert {k: getattr(stock, k) for k in arch_flags("ln_transformer_mini")} == \
+        arch_flags("ln_transformer_mini")

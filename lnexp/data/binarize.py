@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from lnexp.data.cache import cached_stage
-from lnexp.data.corpus import SPLITS
+from lnexp.data.text import SPLITS
 
 
 def binarize_stage(name: str, out: Path, sub_dir: Path, src: str, tgt: str) -> Path:

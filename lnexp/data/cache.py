@@ -9,12 +9,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 log = logging.getLogger("lnexp.data")
 STAMP = "stage.json"
+
+
+def cache_root() -> Path:
+    """Where prepared corpora live: $LNEXP_CACHE, else ./cache."""
+    return Path(os.environ.get("LNEXP_CACHE", "cache")).resolve()
 
 
 def fingerprint(files: Iterable[Path], settings: dict) -> str:

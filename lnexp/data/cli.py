@@ -16,8 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from lnexp.data.corpus import SPLITS, cache_root
+from lnexp.data.cache import cache_root
 from lnexp.data.subword import SUBWORDS
+from lnexp.data.text import SPLITS
 from lnexp.errors import ArgumentParser, ConfigError
 
 STAGES = ("text", "subword", "bin")
@@ -90,8 +91,8 @@ def _stamps(corpus_dir: Path) -> dict[str, int | None]:
 
 def _check_multi30k(raw_dir: Path) -> None:
     """Multi30k's input errors, before any stage starts (the files are small)."""
-    from lnexp.data.corpus import read_parallel
     from lnexp.data.multi30k import FILES
+    from lnexp.data.text import read_parallel
 
     for stem in FILES.values():
         read_parallel(raw_dir / f"{stem}.de.gz", raw_dir / f"{stem}.en.gz")

@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lnexp.data import moses
-from lnexp.data.cache import is_fresh
-from lnexp.data.corpus import PreparedData, build_from_text, cache_root, write_lines
+from lnexp.data.cache import cache_root, is_fresh
+from lnexp.data.corpus import PreparedData, build_from_text
+from lnexp.data.text import write_lines
 from lnexp.errors import DataError
 
 log = logging.getLogger("lnexp.data")

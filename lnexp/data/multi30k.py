@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lnexp.data.corpus import PreparedData, build_from_text, read_parallel, write_lines
+from lnexp.data.corpus import PreparedData, build_from_text
+from lnexp.data.text import read_parallel, write_lines
 
 FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 

@@ -6,7 +6,8 @@ import fcntl
 from contextlib import contextmanager
 from pathlib import Path
 
-from lnexp.data.corpus import PreparedData, cache_root
+from lnexp.data.cache import cache_root
+from lnexp.data.corpus import PreparedData
 from lnexp.errors import DataError
 
 PREPARE_HINT = {

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from lnexp.data.cache import cached_stage
-from lnexp.data.corpus import SPLITS, progress, read_lines, write_lines
+from lnexp.data.text import SPLITS, progress, read_lines, write_lines
 
-log = logging.getLogger("lnexp.data")
 SUBWORDS = ("sentencepiece", "subword_nmt")
 SPM_MODEL = "spm.model"
 BPE_CODES = "bpe.codes"

@@ -43,9 +43,10 @@ from itertools import islice
 from pathlib import Path
 
 from lnexp.data import moses
-from lnexp.data.cache import is_fresh
-from lnexp.data.corpus import PreparedData, build_from_text, cache_root, write_lines
+from lnexp.data.cache import cache_root, is_fresh
+from lnexp.data.corpus import PreparedData, build_from_text
 from lnexp.data.iwslt14 import SEG_CLOSE, SEG_OPEN
+from lnexp.data.text import write_lines
 from lnexp.errors import ConfigError, DataError
 
 log = logging.getLogger("lnexp.data")

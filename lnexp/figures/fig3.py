@@ -27,12 +27,11 @@ import math
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import ArgumentParser, UserError
-from lnexp.figures.outputs import write_tables
+from lnexp.errors import UserError
+from lnexp.figures import measured
 
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "seed", "side", "layer",
@@ -45,8 +44,8 @@ FAR_BELOW = 0.5  # after warm-up / at init ratio up to which it is "far below"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = ArgumentParser(prog="lnexp figure fig3", description=__doc__.split("\n")[0])
-    p.add_argument("--scale", choices=("mini", "paper"), default="mini")
+    p = measured.parser("fig3", __doc__.split("\n")[0],
+                        "where the after-warm-up run is trained (reused when finished)")
     p.add_argument("--seeds", type=int, default=10, help="random seeds (init + batch), default 10")
     p.add_argument("--depths", default="6,8,10,12,14", help="layers per stack for (c, d)")
     p.add_argument("--layers-depth", type=int, default=None,
@@ -59,12 +58,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup-updates", type=int, default=None,
                    help="updates of the Post-LN after-warm-up run (default: the scale's warmup; 0 = skip)")
     p.add_argument("--split", default="train", help="dataset split the batches come from")
-    p.add_argument("--out", type=Path, default=Path("figures"))
-    p.add_argument("--name", default="fig3", help="output file stem")
-    p.add_argument("--runs-root", type=Path, default=Path("runs"),
-                   help="where the after-warm-up run is trained (reused when finished)")
-    p.add_argument("--override", action="append", default=[],
-                   help="Hydra override of the training config, e.g. dataset=iwslt14_de_en (repeatable)")
     p.add_argument("--replot", action="store_true",
                    help="redraw the figure from the summary CSV and checks JSON in --out (no measuring)")
     args = p.parse_args(argv)
@@ -79,12 +72,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.basicConfig(level=logging.WARNING)
-    args = parse_args(argv)
+    args = measured.start(parse_args, argv)
     if args.replot:
         return replot(args)
     t0 = time.perf_counter()
@@ -92,20 +80,11 @@ def main(argv: list[str]) -> int:
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     summary = summarise(rows)
     checks = contrast_checks(summary, args)
-    out = write_outputs(args, rows, summary, checks, meta)
-    print_checks(checks)
-    print(f"fig3: wrote {', '.join(str(p) for p in out)} in {meta['wall_s']:.0f}s")
-    return 0
+    return measured.finish("fig3", args, FIELDS, rows, SUMMARY_FIELDS, summary, checks, meta,
+                           lambda: plot(args, summary, meta))
 
 
 # --- measurement --------------------------------------------------------------------------------
-
-
-def _dims(d_model: int | None) -> dict[str, Any]:
-    if not d_model:
-        return {}
-    return {f"{side}_{k}": v for side in ("encoder", "decoder") for k, v in
-            (("embed_dim", d_model), ("ffn_embed_dim", 2 * d_model), ("attention_heads", 4))}
 
 
 def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -125,7 +104,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     arch = cfg.dataset.paper_arch
     top = max(args.depths)
     base = probes.fairseq_config(cfg, data, arch=arch, encoder_layers=top, decoder_layers=top,
-                                 **_dims(args.d_model))
+                                 **measured.model_dims(args.d_model))
     task = fa.setup_task(base, (args.split,))
     seeds = list(range(1, args.seeds + 1))
     batches = {s: probes.sample_batch(task, args.split, max_tokens, s) for s in seeds}
@@ -236,16 +215,7 @@ def _after_warmup(args, cfg, data, batches, device, rows, timing) -> dict[str, A
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    keys = SUMMARY_FIELDS[:9]
-    for r in rows:
-        groups[tuple(r[k] for k in keys)].append(float(r["grad_norm"]))
-    out = []
-    for key, values in groups.items():
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        out.append({**dict(zip(keys, key, strict=True)), "mean": statistics.fmean(values),
-                    "std": std, "n": len(values)})
-    return out
+    return measured.summarise(rows, SUMMARY_FIELDS[:9], "grad_norm")
 
 
 class _Lookup:
@@ -317,11 +287,6 @@ def contrast_checks(summary: list[dict[str, Any]], args) -> dict[str, dict[str, 
 # --- output -------------------------------------------------------------------------------------
 
 
-def write_outputs(args, rows, summary, checks, meta) -> list[Path]:
-    files = write_tables(args.out, args.name, FIELDS, rows, SUMMARY_FIELDS, summary, checks, meta)
-    return [*files, *plot(args, summary, meta)]
-
-
 def replot(args) -> int:
     for suffix in ("_summary.csv", "_checks.json"):
         if not (args.out / f"{args.name}{suffix}").is_file():
@@ -334,15 +299,9 @@ def replot(args) -> int:
     doc = json.loads((args.out / f"{args.name}_checks.json").read_text())
     meta = doc["meta"]
     args.depths, args.layers_depth = meta["depths"], meta["layers_depth"]
-    print_checks(doc["checks"])
+    measured.print_checks(doc["checks"])
     print("fig3: redrew " + ", ".join(str(p) for p in plot(args, summary, meta)))
     return 0
-
-
-def print_checks(checks: dict[str, dict[str, Any]]) -> None:
-    for name, c in checks.items():
-        mark = {True: "PASS", False: "FAIL", None: "info"}[c["pass"]]
-        print(f"  [{mark}] {name}: {c['value']:.3f}  ({c['claim']})")
 
 
 def plot(args, summary, meta) -> list[Path]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.names import describe_arch
 
 SECTIONS = [
     ("fig3", "Gradient norms at initialisation (Fig. 3)"),
@@ -24,11 +25,12 @@ SECTIONS = [
     ("fig4", "Convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)"),
 ]
 SCALE_TEXT = {
-    "mini": ("mini: 6+6 layers, d=128, FFN 512, 4 heads, shared embeddings, label smoothing 0.1, "
+    "mini": (f"mini: {describe_arch('ln_transformer_mini')}, shared embeddings, label smoothing 0.1, "
              "dropout 0.1, 4096 tokens per batch (~130 updates per Multi30k epoch), greedy decoding "
              "for the per-epoch BLEU, CPU."),
-    "paper": ("paper: the paper's architectures and batches (IWSLT14: 6+6, d=512, FFN 1024, 4 heads, "
-              "4096 tokens, beam 5; WMT14: Transformer base, 8192 tokens x 16), GPU."),
+    "paper": ("paper: the paper's architectures and batches (IWSLT14: "
+              f"{describe_arch('ln_transformer_iwslt_de_en')}, 4096 tokens, beam 5; WMT14: Transformer "
+              f"base, {describe_arch('ln_transformer_wmt_en_de')}, 8192 tokens x 16), GPU."),
 }
 MINI_MAPPING = """\
 How the paper's settings map to the mini scale (configs/experiment/*_mini.yaml):

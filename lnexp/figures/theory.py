@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import ArgumentParser
-from lnexp.figures.outputs import write_tables
+from lnexp.figures import measured
 
 LEMMA_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 KAN_CONFIGS = (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
@@ -41,8 +39,7 @@ JAC_TOL = 0.01  # relative deviation of ‖J_LN‖₂ from √d/‖x‖ for cent
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = ArgumentParser(prog="lnexp figure theory", description=__doc__.split("\n")[0])
-    p.add_argument("--scale", choices=("mini", "paper"), default="mini")
+    p = measured.parser("theory", __doc__.split("\n")[0], "where finished runs for (d, e) are looked for")
     p.add_argument("--lemma-d", type=int, default=256, help="width in the simplified setting")
     p.add_argument("--lemma-layers", type=int, default=12, help="layers in the simplified setting")
     p.add_argument("--lemma-seeds", type=int, default=6, help="initialisations averaged")
@@ -56,21 +53,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "0 = at init only")
     p.add_argument("--train-tokens", type=int, default=1024, help="batch size of those short runs")
     p.add_argument("--no-reuse", action="store_true", help="do not look for finished runs")
-    p.add_argument("--out", type=Path, default=Path("figures"))
-    p.add_argument("--name", default="theory", help="output file stem")
-    p.add_argument("--runs-root", type=Path, default=Path("runs"))
-    p.add_argument("--override", action="append", default=[],
-                   help="Hydra override of the training config, e.g. dataset.dir=PATH (repeatable)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str]) -> int:
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.basicConfig(level=logging.WARNING)
-    args = parse_args(argv)
+    args = measured.start(parse_args, argv)
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"scale": args.scale, "timing": {}}
@@ -83,16 +70,8 @@ def main(argv: list[str]) -> int:
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     summary = summarise(rows)
     checks = lemma_checks(summary, args)
-    out = write_outputs(args, rows, summary, checks, meta)
-    for cname, c in checks.items():
-        mark = {True: "PASS", False: "FAIL", None: "info"}[c["pass"]]
-        print(f"  [{mark}] {cname}: {_short(c['value'])}  ({c['claim']})")
-    print(f"theory: wrote {', '.join(str(p) for p in out)} in {meta['wall_s']:.0f}s")
-    return 0
-
-
-def _short(v: Any) -> str:
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
+    return measured.finish("theory", args, FIELDS, rows, SUMMARY_FIELDS, summary, checks, meta,
+                           lambda: plot(args, summary, checks, meta))
 
 
 def _stat_rows(summary: dict, **common) -> list[dict[str, Any]]:
@@ -170,13 +149,6 @@ def jacobian_rows(args, meta) -> list[dict[str, Any]]:
 # --- the real model at init ---------------------------------------------------------------------
 
 
-def _dims(d_model: int | None) -> dict[str, Any]:
-    if not d_model:
-        return {}
-    return {f"{side}_{k}": v for side in ("encoder", "decoder") for k, v in
-            (("embed_dim", d_model), ("ffn_embed_dim", 2 * d_model), ("attention_heads", 4))}
-
-
 def _forward_stats(model, sample, points) -> dict:
     import torch
 
@@ -209,7 +181,8 @@ def real_init_rows(args, meta) -> list[dict[str, Any]]:
 
     cfg = probes.compose_config(["placement=post_ln", f"scale={args.scale}", *args.override])
     data = load_for_training(cfg.dataset)
-    base = probes.fairseq_config(cfg, data, arch=cfg.dataset.paper_arch, **_dims(args.d_model))
+    base = probes.fairseq_config(cfg, data, arch=cfg.dataset.paper_arch,
+                                 **measured.model_dims(args.d_model))
     task = fa.setup_task(base, ("valid",))
     sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
     rows = []
@@ -343,16 +316,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    keys = SUMMARY_FIELDS[:8]
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    for r in rows:
-        groups[tuple(r[k] for k in keys)].append(float(r["value"]))
-    out = []
-    for key, values in groups.items():
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        out.append({**dict(zip(keys, key, strict=True)), "mean": statistics.fmean(values), "std": std,
-                    "n": len(values)})
-    return out
+    return measured.summarise(rows, SUMMARY_FIELDS[:8], "value")
 
 
 def _series(summary, setting, placement, point, quantity="sq_norm_per_d", side="encoder",
@@ -425,11 +389,6 @@ def _jac(summary) -> list[dict[str, Any]]:
         if r["setting"] == "ln_jacobian":
             by[(r["state"], r["layer"])].update(state=r["state"], **{r["quantity"]: r["mean"]})
     return [by[k] for k in sorted(by, key=lambda k: k[1])]
-
-
-def write_outputs(args, rows, summary, checks, meta) -> list[Path]:
-    files = write_tables(args.out, args.name, FIELDS, rows, SUMMARY_FIELDS, summary, checks, meta)
-    return [*files, *plot(args, summary, checks, meta)]
 
 
 def plot(args, summary, checks, meta) -> list[Path]:
@@ -523,15 +482,15 @@ def plot(args, summary, checks, meta) -> list[Path]:
     lines = ["Checks (simplified setting):"]
     for name, c in checks.items():
         if c["pass"] is not None:
-            lines.append(f"  {'PASS' if c['pass'] else 'FAIL'}  {name}: {_short(c['value'])}")
+            lines.append(f"  {'PASS' if c['pass'] else 'FAIL'}  {name}: {measured.short(c['value'])}")
     lines += ["", "Real model at init (reported):"]
     for name, c in checks.items():
         if name.startswith("real_init"):
-            lines.append(f"  {name}: {_short(c['value'])}")
+            lines.append(f"  {name}: {measured.short(c['value'])}")
     lines += ["", "Kan et al., encoder mean |x| last/input:"]
     for name, c in checks.items():
         if name.startswith("kan_"):
-            lines.append(f"  {name[4:]}: {_short(c['value'])}")
+            lines.append(f"  {name[4:]}: {measured.short(c['value'])}")
     ax.text(0, 1, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=7.5,
             transform=ax.transAxes)
     fig.tight_layout(rect=(0, 0.05, 1, 1))

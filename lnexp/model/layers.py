@@ -28,7 +28,14 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec,
         setattr(layer, out_name, make_norm(kind, dim) if spec.output_norm else None)
 
 
-class LNEncoderLayer(TransformerEncoderLayerBase):
+class _FeedForward:
+    """The FFN sub-layer F(x) = W2 act(W1 x) of both stacks (fairseq's layers inline it in forward)."""
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+
+
+class LNEncoderLayer(_FeedForward, TransformerEncoderLayerBase):
     """x -> residual(self-attention) -> residual(FFN), norms placed by ``spec``."""
 
     NORMS = ("self_attn_layer_norm", "final_layer_norm")
@@ -38,10 +45,7 @@ class LNEncoderLayer(TransformerEncoderLayerBase):
         self.spec = spec
         _install_norms(self, self.NORMS, spec, norm)
         if spec.placement == "deepnorm":
-            deepnorm_init_(self.self_attn, self.fc1, self.fc2, spec.beta)
-
-    def _ffn(self, x: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+            deepnorm_init_(spec.beta, self.fc1, self.fc2, self.self_attn)
 
     def forward(self, x: Tensor, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
         if attn_mask is not None:
@@ -61,7 +65,7 @@ class LNEncoderLayer(TransformerEncoderLayerBase):
                              self.final_out_norm, self.dropout_module)
 
 
-class LNDecoderLayer(TransformerDecoderLayerBase):
+class LNDecoderLayer(_FeedForward, TransformerDecoderLayerBase):
     """Self-attention, cross-attention and FFN, each a residual step placed by ``spec``."""
 
     NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
@@ -78,12 +82,8 @@ class LNDecoderLayer(TransformerDecoderLayerBase):
         if self.encoder_attn is None:
             self.encoder_attn_out_norm = None
         if spec.placement == "deepnorm":
-            deepnorm_init_(self.self_attn, self.fc1, self.fc2, spec.beta)
-            if self.encoder_attn is not None:
-                deepnorm_init_(self.encoder_attn, self.fc1, self.fc2, spec.beta)
-
-    def _ffn(self, x: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+            attns = [a for a in (self.self_attn, self.encoder_attn) if a is not None]
+            deepnorm_init_(spec.beta, self.fc1, self.fc2, *attns)
 
     def forward(
         self,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lnexp.names import PLACEMENTS  # noqa: E402
+from lnexp.names import PLACEMENTS
 
 
 def deepnorm_constants(enc_layers: int, dec_layers: int) -> dict[str, tuple[float, float]]:
@@ -92,9 +92,14 @@ def residual_step(
     return x if spec.norm_first else norm(x)
 
 
-def deepnorm_init_(attn: nn.Module, fc1: nn.Linear, fc2: nn.Linear, beta: float) -> None:
-    """DeepNet's init: Xavier-normal with gain beta for FFN, value and output projections, 1 for Q/K."""
-    for lin in (fc1, fc2, attn.v_proj, attn.out_proj):
+def deepnorm_init_(beta: float, fc1: nn.Linear, fc2: nn.Linear, *attns: nn.Module) -> None:
+    """DeepNet's init: Xavier-normal with gain beta for the FFN and each attention's value and output
+    projections, gain 1 for its Q/K. Each weight is drawn once, in the order fc1, fc2, then per
+    attention v, out, q, k."""
+    for lin in (fc1, fc2):
         nn.init.xavier_normal_(lin.weight, gain=beta)
-    for lin in (attn.q_proj, attn.k_proj):
-        nn.init.xavier_normal_(lin.weight, gain=1.0)
+    for attn in attns:
+        for lin in (attn.v_proj, attn.out_proj):
+            nn.init.xavier_normal_(lin.weight, gain=beta)
+        for lin in (attn.q_proj, attn.k_proj):
+            nn.init.xavier_normal_(lin.weight, gain=1.0)

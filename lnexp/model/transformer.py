@@ -27,6 +27,7 @@ from fairseq.models.transformer.transformer_config import (
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
 from lnexp.model.norms import NORMS, make_norm
 from lnexp.model.placement import PLACEMENTS, ResidualSpec
+from lnexp.names import arch_flags
 
 
 @dataclass
@@ -137,10 +138,7 @@ def ln_transformer_wmt_en_de(args) -> None:
 
 @register_model_architecture("ln_transformer", "ln_transformer_mini")
 def ln_transformer_mini(args) -> None:
-    """6+6 layers, d=128, FFN 512, 4 heads: the smallest size showing the warm-up contrast on CPU."""
-    for side in ("encoder", "decoder"):
-        setattr(args, f"{side}_embed_dim", getattr(args, f"{side}_embed_dim", 128))
-        setattr(args, f"{side}_ffn_embed_dim", getattr(args, f"{side}_ffn_embed_dim", 512))
-        setattr(args, f"{side}_attention_heads", getattr(args, f"{side}_attention_heads", 4))
-        setattr(args, f"{side}_layers", getattr(args, f"{side}_layers", 6))
+    """The smallest size showing the warm-up contrast on CPU (``ARCH_SIZES``: 6+6 layers, d=128)."""
+    for key, value in arch_flags("ln_transformer_mini").items():
+        setattr(args, key, getattr(args, key, value))
     ln_base_architecture(args)

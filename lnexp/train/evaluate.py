@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from lnexp import fairseq_adapter as fa
-from lnexp.data.corpus import PreparedData, write_lines
+from lnexp.data.corpus import PreparedData
+from lnexp.data.text import write_lines
 
 
 @dataclass

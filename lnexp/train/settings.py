@@ -12,6 +12,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lnexp.errors import ConfigError
+from lnexp.names import ARCH_SIZES, arch_flags
+
+# lnexp's architectures that stock fairseq registers under another name (same sizes, same init)
+STOCK_ARCHS = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
+               "ln_transformer_wmt_en_de": "transformer_wmt_en_de"}
+
 
 
 def resolve_device(cfg: DictConfig) -> str:
@@ -69,13 +75,9 @@ def stock_flags(flags: dict[str, Any]) -> dict[str, Any] | None:
         return None
     stock = {k: v for k, v in flags.items()
              if k not in ("placement", "embed_norm", "norm", "residual_scale", "schedule")}
-    stock["arch"] = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
-                     "ln_transformer_wmt_en_de": "transformer_wmt_en_de"}.get(flags["arch"],
-                                                                             "transformer")
-    if stock["arch"] == "transformer":  # the mini size, spelled out
-        for side in ("encoder", "decoder"):
-            stock.update({f"{side}_embed_dim": 128, f"{side}_ffn_embed_dim": 512,
-                          f"{side}_attention_heads": 4})
+    stock["arch"] = STOCK_ARCHS.get(flags["arch"], "transformer")
+    if stock["arch"] == "transformer" and flags["arch"] in ARCH_SIZES:  # lnexp's own size, spelled out
+        stock.update(arch_flags(flags["arch"], layers=False))
     before = flags["placement"] == "pre_ln"
     stock.update(lr_scheduler="inverse_sqrt", encoder_normalize_before=before,
                  decoder_normalize_before=before)
