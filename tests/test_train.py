@@ -136,3 +136,68 @@ def test_sgd_with_warmup_runs(tmp_path, small_multi30k):
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2
+
+
+def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi30k, tmp_path):
+    """max_epoch does not name the run: a longer run continues the finished one in its folder."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    shutil.copytree(peri_radam_run, runs / peri_radam_run.name)
+    before = (peri_radam_run / "metrics.jsonl").read_text().splitlines()
+    proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
+                     "max_epoch=3", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={runs}",
+                     cache=peri_radam_run.parents[1] / "cache")
+    assert "extending the done run (2 epochs" in proc.stdout + proc.stderr
+    assert [d.name for d in runs.iterdir()] == [peri_radam_run.name]
+    after = (runs / peri_radam_run.name / "metrics.jsonl").read_text().splitlines()
+    assert after[:2] == before and json.loads(after[2])["epoch"] == 3
+    with open(runs / peri_radam_run.name / "updates.csv") as f:
+        updates = [int(r["update"]) for r in csv.DictReader(f)]
+    assert updates == list(range(1, len(updates) + 1)) and updates[-1] == json.loads(after[2])["updates"]
+
+
+def test_headline_recipe_and_progress_lines(tmp_path, small_multi30k):
+    """`placement=pre_ln warmup=0` trains with Pre-LN's recipe (lr held), says so, and shows
+    progress inside the epoch; a depth sweep runs as typed."""
+    proc = lnexp_cmd("train", "-m", "placement=pre_ln", "warmup=0", "depth=1,2", "max_update=4",
+                     "log_interval=2", f"dataset.dir={small_multi30k}", *SMALL,
+                     f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache")
+    out = proc.stdout + proc.stderr
+    assert "schedule: step: lr_max 0.001, no warm-up, lr_max held, x0.1 from epoch 8" in out
+    assert "epoch 1 | 2/" in out and "| update 4 | loss " in out and "tok/s" in out
+    assert "stopped at max_update=4" in out
+    for depth in (1, 2):
+        (run_dir,) = (tmp_path / "runs").glob(f"*depth={depth},*")
+        run = json.loads((run_dir / "run.json").read_text())
+        assert run["config"]["depth"] == {"encoder_layers": depth, "decoder_layers": depth}
+        assert "Pre-LN's recipe" in run["schedule"]
+        with open(run_dir / "updates.csv") as f:
+            assert {float(r["lr"]) for r in csv.DictReader(f)} == {1e-3}
+
+
+def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k):
+    import os
+    import signal
+    import time
+
+    from lnexp.results import collect_runs
+    from tests.conftest import REPO
+
+    runs = tmp_path / "runs"
+    env = {**os.environ, "LNEXP_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "lnexp.cli", "train", "max_update=1000",
+                             "save_interval_updates=2", "log_interval=1", f"dataset.dir={small_multi30k}",
+                             *SMALL, f"runs_root={runs}"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(runs.glob("*/checkpoints/checkpoint_last.pt")):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted; finished work is kept" in err
+    (run,) = collect_runs(runs)
+    assert run.state == "interrupted" and run.status["resumes_from"] >= 2

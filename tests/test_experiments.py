@@ -1,0 +1,61 @@
+"""Every launchable experiment config: each sweep value composes and validates, and one job of each
+trains 2 updates on a tiny corpus at its own architecture (paper-size models included), so that no
+GPU hour is spent on a config that crashes at start."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from lnexp import config
+
+EXPERIMENTS = sorted(p.stem for p in (config.CONFIG_DIR / "experiment").glob("*.yaml"))
+
+
+def sweep_params(name: str) -> dict[str, list[str]]:
+    """The experiment's hydra.sweeper.params, each as its list of values."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    raw = OmegaConf.load(config.CONFIG_DIR / "experiment" / f"{name}.yaml")
+    params = OmegaConf.select(raw, "hydra.sweeper.params") or {}
+    out = {}
+    for key, value in params.items():
+        o = OverridesParser.create().parse_override(f"{key}={value}")
+        out[key] = list(o.sweep_string_iterator()) if o.is_sweep_override() else [str(value)]
+    return out
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_sweep_value_composes_and_validates(name):
+    params = sweep_params(name)
+    assert params, f"{name} sweeps nothing"
+    with config.composer() as compose:
+        for key, values in params.items():
+            for value in values:
+                cfg = compose([f"experiment={name}", f"{key}={value}"])
+                config.validate(cfg)
+
+
+def test_every_experiment_trains_two_updates_at_its_architecture(tmp_path, small_multi30k,
+                                                                 monkeypatch):
+    """In one process (the imports are paid once): the first job of each experiment's sweep."""
+    from lnexp.train.loop import train_run
+
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "cache"))
+    trained = {}
+    for name in EXPERIMENTS:
+        first = [f"{k}={v[0]}" for k, v in sweep_params(name).items()]
+        arch = config.compose([f"experiment={name}", *first]).scale.arch
+        cfg = config.compose([
+            f"experiment={name}", *first, "dataset=multi30k", f"dataset.dir={small_multi30k}",
+            "dataset.vocab_size=600", f"scale.arch={arch}", "scale.max_tokens=512",
+            "scale.update_freq=1", "max_update=2", "eval.subset=4", "eval.beam=2"])
+        status = train_run(cfg, tmp_path / "runs" / name)
+        assert status["status"] == "done" and status["updates"] == 2, (name, status)
+        run = json.loads((tmp_path / "runs" / name / "run.json").read_text())
+        trained[name] = run["fairseq_flags"]["arch"]
+        assert trained[name] == arch
+    assert {"ln_transformer_mini", "ln_transformer_iwslt_de_en", "ln_transformer_wmt_en_de"} <= set(
+        trained.values())
