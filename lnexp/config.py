@@ -120,6 +120,37 @@ def explain(e: Exception) -> str:
     return f"{first_line(e)} (lnexp train --help lists the groups and options)"
 
 
+# --- fairseq's schemas ---------------------------------------------------------------------------
+
+# fairseq registers a Hydra schema per optimizer ("optimizer/adam", ...). Under version_base 1.1,
+# which fairseq's own compose needs, Hydra would validate lnexp's configs/optimizer/adam.yaml
+# against it. Keep those schemas out of the ConfigStore except while fairseq composes.
+_HIDDEN: dict[tuple[str, str], object] = {}
+
+
+def hide_fairseq_schemas() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo
+    for group_dir in CONFIG_DIR.iterdir():
+        group = repo.get(group_dir.name)
+        if not group_dir.is_dir() or not isinstance(group, dict):
+            continue
+        for yaml in group_dir.glob("*.yaml"):
+            if yaml.name in group:
+                _HIDDEN[(group_dir.name, yaml.name)] = group.pop(yaml.name)
+
+
+def restore_fairseq_schemas() -> None:
+    """Put fairseq's schemas back while fairseq composes its own config."""
+    from hydra.core.config_store import ConfigStore
+
+    repo = ConfigStore.instance().repo
+    for (group, name), node in _HIDDEN.items():
+        repo.setdefault(group, {})[name] = node
+    _HIDDEN.clear()
+
+
 # --- composing ----------------------------------------------------------------------------------
 
 
@@ -136,9 +167,7 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
 
     register_resolvers()
     if "fairseq" in sys.modules:  # its Hydra schemas ("optimizer/adam") would shadow lnexp's groups
-        from lnexp.fairseq_adapter import hide_fairseq_schemas
-
-        hide_fairseq_schemas(CONFIG_DIR)
+        hide_fairseq_schemas()
 
     def compose_one(overrides: list[str]) -> DictConfig:
         try:

@@ -63,42 +63,13 @@ def to_fairseq_config(args: argparse.Namespace):
     """fairseq's namespace -> DictConfig conversion (it composes fairseq's own Hydra schemas)."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    _restore_fairseq_schemas()
+    from lnexp.config import hide_fairseq_schemas, restore_fairseq_schemas
+
+    restore_fairseq_schemas()
     try:
         return convert_namespace_to_omegaconf(args)
     finally:
         hide_fairseq_schemas()
-
-
-# fairseq registers a Hydra schema per optimizer ("optimizer/adam", ...). Under version_base 1.1,
-# which fairseq's own compose needs, Hydra would validate lnexp's configs/optimizer/adam.yaml
-# against it. Keep those schemas out of the ConfigStore except while fairseq composes.
-_HIDDEN: dict[tuple[str, str], object] = {}
-
-
-def hide_fairseq_schemas(config_dir: Path | None = None) -> None:
-    from hydra.core.config_store import ConfigStore
-
-    from lnexp.config import CONFIG_DIR
-
-    config_dir = config_dir or CONFIG_DIR
-    repo = ConfigStore.instance().repo
-    for group_dir in config_dir.iterdir():
-        group = repo.get(group_dir.name)
-        if not group_dir.is_dir() or not isinstance(group, dict):
-            continue
-        for yaml in group_dir.glob("*.yaml"):
-            if yaml.name in group:
-                _HIDDEN[(group_dir.name, yaml.name)] = group.pop(yaml.name)
-
-
-def _restore_fairseq_schemas() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    repo = ConfigStore.instance().repo
-    for (group, name), node in _HIDDEN.items():
-        repo.setdefault(group, {})[name] = node
-    _HIDDEN.clear()
 
 
 def binarize(

@@ -104,8 +104,9 @@ def child(kind: str, spec_path: str) -> None:
         fa.run_stock_train(spec["argv"])
     else:
         from lnexp.cli import main
+        from lnexp.config import hide_fairseq_schemas
 
-        fa.hide_fairseq_schemas()  # imported fairseq first (the hook): keep lnexp's compose working
+        hide_fairseq_schemas()  # imported fairseq first (the hook): keep lnexp's compose working
 
         sys.exit(main(["train", *spec["argv"]]))
 

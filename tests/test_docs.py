@@ -1,0 +1,88 @@
+"""README.md and docs/ as a user reads them: every `lnexp` command in a code block runs as written,
+and every link between the pages leads somewhere.
+
+Training commands are checked with ``--cfg job`` (one run) or by composing every swept value (``-m``);
+the others run for real in an empty folder and must end well: exit 0, or exit 2 with one line that
+names the fix (a run folder or an archive the reader does not have yet), never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def commands(page: Path) -> list[str]:
+    """The `lnexp ...` lines of a page's fenced code blocks (comments dropped)."""
+    out, fenced = [], False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        text = line.split(" #", 1)[0].strip()
+        if fenced and text.startswith("lnexp "):
+            out.append(text)
+    return out
+
+
+ALL = [(p.relative_to(REPO).as_posix(), c) for p in PAGES for c in commands(p)]
+
+
+def test_the_pages_show_commands():
+    assert len([c for page, c in ALL if page == "README.md"]) >= 5
+
+
+@pytest.mark.parametrize("page,line", ALL, ids=[f"{p}: {c}" for p, c in ALL])
+def test_command_runs_as_written(page, line, tmp_path):
+    argv = shlex.split(line)[1:]
+    if "..." in argv:
+        pytest.fail(f"{page}: `{line}` has a placeholder; show a command that runs")
+    if argv[0] == "train" and not ({"--help", "-h", "--cfg", "-c"} & set(argv)):
+        if "-m" in argv or "--multirun" in argv:
+            from lnexp.train.run import check_overrides
+
+            check_overrides([a for a in argv[1:] if a not in ("-m", "--multirun")])
+            return
+        argv = ["train", "--cfg", "job", *argv[1:]]
+    env = {**os.environ, "LNEXP_CACHE": str(REPO / "cache"), "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "lnexp", *argv], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out[-2000:]
+    if proc.returncode == 2:
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    else:
+        assert proc.returncode == 0, out[-2000:]
+
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.relative_to(REPO).as_posix() for p in PAGES])
+def test_links_lead_somewhere(page):
+    for target in LINK.findall(page.read_text()):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        assert dest.exists(), f"{page.name}: link to {target} leads nowhere"
+        if anchor and dest.suffix == ".md":
+            slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", dest.read_text(), re.M)}
+            assert anchor in slugs, f"{page.name}: no heading #{anchor} in {dest.name}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
