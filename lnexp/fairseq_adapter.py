@@ -138,6 +138,8 @@ def epoch_iterator(cfg, trainer, restore_file: Path | None):
     from fairseq import checkpoint_utils
 
     allow_fairseq_checkpoint_globals()
+    # as fairseq-train: the save dir exists before the first update (fairseq writes crash.pt there)
+    checkpoint_utils.verify_checkpoint_directory(cfg.checkpoint.save_dir)
     if restore_file is not None and restore_file.is_file():
         cfg.checkpoint.restore_file = str(restore_file)
     else:
@@ -170,6 +172,14 @@ def train_step(trainer, samples) -> dict[str, Any] | None:
             trainer.train_step(samples)
         except FloatingPointError:
             return None
+        except Exception as e:
+            # On FloatingPointError fairseq saves crash.pt and re-runs the update under its
+            # NanDetector, whose hooks fail on encoders that return dicts of lists (torch >= 2):
+            # that error replaces the FloatingPointError it was reporting.
+            if isinstance(e.__context__, FloatingPointError):
+                logging.getLogger("lnexp.train").warning("fairseq gave up: %s", e.__context__)
+                return None
+            raise
     meters = agg
     scale = loss_scale(trainer)
     if trainer.get_num_updates() == before:
