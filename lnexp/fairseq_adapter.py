@@ -139,7 +139,7 @@ def epoch_iterator(cfg, trainer, restore_file: Path | None):
 
     allow_fairseq_checkpoint_globals()
     # as fairseq-train: the save dir exists before the first update (fairseq writes crash.pt there)
-    checkpoint_utils.verify_checkpoint_directory(cfg.checkpoint.save_dir)
+    Path(cfg.checkpoint.save_dir).mkdir(parents=True, exist_ok=True)
     if restore_file is not None and restore_file.is_file():
         cfg.checkpoint.restore_file = str(restore_file)
     else:
