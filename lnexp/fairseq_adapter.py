@@ -138,8 +138,6 @@ def epoch_iterator(cfg, trainer, restore_file: Path | None):
     from fairseq import checkpoint_utils
 
     allow_fairseq_checkpoint_globals()
-    # as fairseq-train: the save dir exists before the first update (fairseq writes crash.pt there)
-    Path(cfg.checkpoint.save_dir).mkdir(parents=True, exist_ok=True)
     if restore_file is not None and restore_file.is_file():
         cfg.checkpoint.restore_file = str(restore_file)
     else:

@@ -38,6 +38,9 @@ def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
     from lnexp.data.registry import load_for_training
 
     data = load_for_training(cfg.dataset)  # once, before the workers (they find it prepared)
+    # as fairseq-train: the checkpoint folder exists before the first update (fairseq writes
+    # crash.pt there when it gives up)
+    settings.run_paths(run_dir)["checkpoints"].mkdir(parents=True, exist_ok=True)
     device = settings.resolve_device(cfg)
     flags = settings.fairseq_flags(cfg, 1, device)
     fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
