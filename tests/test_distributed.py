@@ -97,3 +97,32 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes_with_another_world_size
     assert [int(r["update"]) for r in rows] == list(range(1, 31))
     assert rows[:len(kept)] == kept  # resumed from the checkpoint, not restarted
     assert json.loads((run_dir / "run.json").read_text())["world_size"] == 1
+
+
+@pytest.mark.parametrize("overrides,device,needle", [
+    (["distributed.world_size=0"], "cpu", "must be a whole number >= 1"),
+    (["distributed.world_size=2", "distributed.backend=nccl"], "cpu", "backend=gloo on CPU"),
+    (["distributed.world_size=2", "distributed.ddp_backend=pytorch_ddp"], "cpu",
+     "ddp_backend=legacy_ddp on CPU"),
+    (["distributed.world_size=64"], "cuda", "GPU(s) are visible"),
+])
+def test_distributed_settings_that_cannot_run_name_the_fix(overrides, device, needle, monkeypatch):
+    from lnexp.errors import ConfigError
+    from lnexp.probes import compose_config
+    from lnexp.train.settings import distributed_flags
+
+    for key in ("MASTER_ADDR", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        distributed_flags(compose_config(overrides), device)
+
+
+def test_distributed_flags_are_fairseqs():
+    from lnexp.probes import compose_config
+    from lnexp.train.settings import distributed_flags
+
+    assert distributed_flags(compose_config([]), "cpu") == {"distributed_world_size": 1}
+    flags = distributed_flags(compose_config(["distributed.world_size=2", "distributed.port=12345"]),
+                              "cpu")
+    assert flags["distributed_backend"] == "gloo" and flags["ddp_backend"] == "legacy_ddp"
+    assert flags["distributed_world_size"] == 2 and flags["distributed_port"] == 12345
