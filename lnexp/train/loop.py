@@ -90,17 +90,18 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
     rule = PlateauRule(entropy, int(cfg.divergence.plateau_epoch),
                        float(cfg.divergence.plateau_margin))
     world = int(fcfg.distributed_training.distributed_world_size)
-    master and write_json(paths["run"], {
-        "config": OmegaConf.to_container(cfg, resolve=True), "data": data.__dict__,
-        "device": device, "torch_threads": torch.get_num_threads(),
-        "params": sum(p.numel() for p in model.parameters()),
-        "fairseq_flags": {k: str(v) for k, v in flags.items()},
-        "stock_fairseq_train": None if stock is None else shlex.join(
-            ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
-        "units": UNITS, "unigram_entropy_bits": entropy,
-        "bleu_signature": None, "last_started": time.strftime("%FT%T"), "world_size": world,
-        "tokens_per_update_max": world * int(cfg.scale.update_freq) * int(cfg.scale.max_tokens),
-    })
+    if master:
+        write_json(paths["run"], {
+            "config": OmegaConf.to_container(cfg, resolve=True), "data": data.__dict__,
+            "device": device, "torch_threads": torch.get_num_threads(),
+            "params": sum(p.numel() for p in model.parameters()),
+            "fairseq_flags": {k: str(v) for k, v in flags.items()},
+            "stock_fairseq_train": None if stock is None else shlex.join(
+                ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
+            "units": UNITS, "unigram_entropy_bits": entropy,
+            "bleu_signature": None, "last_started": time.strftime("%FT%T"), "world_size": world,
+            "tokens_per_update_max": world * int(cfg.scale.update_freq) * int(cfg.scale.max_tokens),
+        })
     tracker = None
     if cfg.track_norms and master:
         from lnexp.train.norms import NormTracker
@@ -109,7 +110,8 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
                               trainer.get_num_updates(), tb=runlog.tb,
                               grad_of=fa.stepped_grads(trainer))
     status = {"status": "running", "epoch": len(history), "updates": trainer.get_num_updates()}
-    master and write_json(paths["status"], status)
+    if master:
+        write_json(paths["status"], status)
     t0 = time.perf_counter() - state["wall_s"]
     save_every = int(cfg.save_interval_updates)
     max_update = int(cfg.max_update)
@@ -169,7 +171,8 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
                 _log_epoch(record)
                 progress.log_epoch(cfg, run_dir, record)
             save(end_of_epoch=True)
-            master and _keep_best(paths["checkpoints"], history)
+            if master:
+                _keep_best(paths["checkpoints"], history)
             if state["diverged"] and (cfg.divergence.stop or not math.isfinite(record["valid_loss"])):
                 break
             if max_update and trainer.get_num_updates() >= max_update:
