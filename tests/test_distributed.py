@@ -27,21 +27,29 @@ def updates(run_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_two_gloo_workers_follow_one_process_with_update_freq_2(tmp_path, small_multi30k):
-    common = [f"dataset.dir={small_multi30k}", *TINY, "max_epoch=1", "max_update=10"]
-    lnexp_cmd("train", *common, "distributed.world_size=2", f"runs_root={tmp_path / 'dp'}",
-              cache=tmp_path / "cache")
-    lnexp_cmd("train", *common, "scale.update_freq=2", f"runs_root={tmp_path / 'accum'}",
-              cache=tmp_path / "cache")
-    (dp,) = (tmp_path / "dp").iterdir()  # one run folder, named without the world size
-    (accum,) = (tmp_path / "accum").iterdir()
-    assert "world_size" not in dp.name
-    ours, ref = updates(dp), updates(accum)
+SHORT = ["max_epoch=1", "max_update=10"]
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory, small_multi30k) -> Path:
+    """The reference: one process, each update summing two batches (scale.update_freq=2)."""
+    tmp = tmp_path_factory.mktemp("accum")
+    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, *SHORT, "scale.update_freq=2",
+              f"runs_root={tmp / 'runs'}", cache=small_multi30k.parent / "dist-cache")
+    (run_dir,) = (tmp / "runs").iterdir()
+    return run_dir
+
+
+def assert_same_updates(run_dir: Path, reference: Path) -> None:
+    ours, ref = updates(run_dir), updates(reference)
     assert len(ours) == len(ref) == 10
     for a, b in zip(ours, ref, strict=True):
         assert a["update"] == b["update"] and a["ntokens"] == b["ntokens"]
         for key in ("loss", "nll_loss", "gnorm", "lr"):
             assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-3), (a["update"], key)
+
+
+def assert_one_run_folder(dp: Path) -> None:
     run = json.loads((dp / "run.json").read_text())
     assert run["world_size"] == 2 and run["fairseq_flags"]["distributed_world_size"] == "2"
     assert run["fairseq_flags"]["distributed_backend"] == "gloo"
@@ -51,6 +59,31 @@ def test_two_gloo_workers_follow_one_process_with_update_freq_2(tmp_path, small_
     assert len(list((dp / "tb").glob("events.*"))) == 1  # rank 0's TensorBoard only
     assert sorted(p.name for p in (dp / "checkpoints").iterdir()) == [
         "checkpoint_best.pt", "checkpoint_last.pt"]
+
+
+def test_two_gloo_workers_follow_one_process_with_update_freq_2(tmp_path, small_multi30k,
+                                                                accumulated):
+    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, *SHORT, "distributed.world_size=2",
+              f"runs_root={tmp_path / 'dp'}", cache=small_multi30k.parent / "dist-cache")
+    (dp,) = (tmp_path / "dp").iterdir()  # one run folder, named without the world size
+    assert "world_size" not in dp.name
+    assert_same_updates(dp, accumulated)
+    assert_one_run_folder(dp)
+
+
+def test_torchrun_ranks_train_the_same_run(tmp_path, small_multi30k, accumulated):
+    """Started by torchrun (its environment, detected as fairseq does): each process one rank."""
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "LNEXP_CACHE": str(small_multi30k.parent / "dist-cache"),
+           "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([str(torchrun), "--nproc_per_node=2", "-m", "lnexp.cli", "train",
+                           f"dataset.dir={small_multi30k}", *TINY, *SHORT,
+                           "distributed.world_size=2", f"runs_root={tmp_path / 'tr'}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (dp,) = (tmp_path / "tr").iterdir()
+    assert_same_updates(dp, accumulated)
+    assert_one_run_folder(dp)
 
 
 def spawned_workers(parent: int) -> list[int]:
