@@ -118,3 +118,45 @@ def test_bf16_tracks_the_same_gradient_norms_as_fp32(small_multi30k, tmp_path, m
             assert float(rows16[key][col]) == pytest.approx(float(r[col]), rel=1e-2), (key, col)
     side, layer = next(iter(rows32))
     assert raw[(side, int(layer), "W1")] > 50 * float(rows32[(side, layer)]["w1_grad_norm"])
+
+
+def test_fp16_overflow_in_a_run_is_logged_and_the_run_goes_on(small_multi30k, tmp_path,
+                                                              monkeypatch, cpu_overflow_branch):
+    """lnexp's loop on fairseq's fp16 path: the overflowing update is skipped, counted in
+    updates.csv with the lowered loss scale, and the run ends done (it used to end diverged)."""
+    import json
+
+    from lnexp import fairseq_adapter as fa
+    from lnexp.probes import compose_config
+    from lnexp.train import settings
+    from lnexp.train.loop import train_run
+
+    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    fp32_flags, build_trainer = settings.fairseq_flags, fa.build_trainer
+
+    def fp16_flags(cfg, updates_per_epoch=None, device="cpu"):  # lnexp refuses fp16 on CPU
+        return {**fp32_flags(cfg, updates_per_epoch, device), "fp16": True,
+                "fp16_no_flatten_grads": True}
+
+    def with_inf_at_third_backward(fcfg):
+        task, model, criterion, trainer = build_trainer(fcfg)
+        calls = []
+
+        def hook(g):
+            calls.append(1)
+            return torch.full_like(g, math.inf) if len(calls) == 3 else g
+        model.encoder.layers[0].fc1.weight.register_hook(hook)
+        return task, model, criterion, trainer
+
+    monkeypatch.setattr(settings, "fairseq_flags", fp16_flags)
+    monkeypatch.setattr(fa, "build_trainer", with_inf_at_third_backward)
+    cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, "max_epoch=1", "max_update=5",
+                          "eval.subset=10", "divergence.plateau_epoch=99"])
+    status = train_run(cfg, tmp_path / "run")
+    assert status["status"] == "done" and status["updates"] == 5
+    with open(tmp_path / "run" / "updates.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["update"] for r in rows] == ["1", "2", "3", "4", "5"]
+    assert [r["overflows"] for r in rows] == ["0", "0", "1", "1", "1"]
+    assert [float(r["loss_scale"]) for r in rows] == [128, 128, 64, 64, 64]
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["diverged"] is None
