@@ -56,7 +56,11 @@ def training_args(data: str | Path, flags: dict[str, Any]) -> argparse.Namespace
     import lnexp.optim  # noqa: F401  (registers radam and lnexp's schedules)
 
     parser = options.get_training_parser()
-    return options.parse_args_and_arch(parser, flags_to_argv(data, flags))
+    args = options.parse_args_and_arch(parser, flags_to_argv(data, flags))
+    # fairseq's parser turns --bf16 into --tpu as well; the Trainer then asks torch_xla for its
+    # device. lnexp runs bf16 on GPUs (and CPUs), never on TPUs.
+    args.tpu = bool(flags.get("tpu", False))
+    return args
 
 
 def to_fairseq_config(args: argparse.Namespace):
@@ -133,16 +137,34 @@ def grouped(itr, cfg):
                                      skip_remainder_batch=cfg.optimization.skip_remainder_batch)
 
 
-def train_step(trainer, samples) -> dict[str, float] | None:
-    """One update; returns fairseq's per-update statistics, or None if it went NaN/inf."""
+def train_step(trainer, samples) -> dict[str, Any] | None:
+    """One update, handled as fairseq-train handles it.
+
+    Returns fairseq's per-update statistics plus ``loss_scale`` (None without a loss scaler);
+    ``{"overflow": True, "loss_scale": ...}`` when fairseq's fp16 loss scaler found an overflow,
+    skipped the update and lowered the scale (stock fairseq goes on); None when fairseq gives up
+    (FloatingPointError: non-finite gradients without a scaler, or ``min_loss_scale`` reached).
+    """
     from fairseq.logging import metrics
 
+    before = trainer.get_num_updates()
     with metrics.aggregate() as agg:  # a fresh aggregator: this update only
         try:
             trainer.train_step(samples)
         except FloatingPointError:
             return None
+        except Exception as e:
+            # On FloatingPointError fairseq saves crash.pt and re-runs the update under its
+            # NanDetector, whose hooks fail on encoders that return dicts of lists (torch >= 2):
+            # that error replaces the FloatingPointError it was reporting.
+            if isinstance(e.__context__, FloatingPointError):
+                logging.getLogger("lnexp.train").warning("fairseq gave up: %s", e.__context__)
+                return None
+            raise
     meters = agg
+    scale = loss_scale(trainer)
+    if trainer.get_num_updates() == before:
+        return {"overflow": True, "loss_scale": scale}
 
     def avg(key: str) -> float:
         m = meters.get(key)
@@ -154,7 +176,50 @@ def train_step(trainer, samples) -> dict[str, float] | None:
 
     return {"loss": avg("loss"), "nll_loss": avg("nll_loss"), "gnorm": avg("gnorm"),
             "ntokens": total("wpb"), "sample_size": float(meters["loss"].count)
-            if "loss" in meters else 0.0}
+            if "loss" in meters else 0.0, "loss_scale": scale}
+
+
+def loss_scale(trainer) -> float | None:
+    """The fp16 loss scale fairseq's optimizer wrapper uses now (None: fp32/bf16, no scaler)."""
+    scaler = getattr(trainer.optimizer, "scaler", None)
+    if scaler is None:
+        return None
+    value = scaler.get_scale() if hasattr(scaler, "get_scale") else scaler.loss_scale
+    return float(value)
+
+
+def stepped_grads(trainer):
+    """``grad_of(param)``: the gradient the optimizer stepped with for a model parameter.
+
+    fp32: the model's ``.grad`` (fairseq divides by the sample size and clips it in place). With
+    ``FP16Optimizer`` (bf16, fp16) that happens on the fp32 master copy (flat or one tensor per
+    parameter), while the model's ``.grad`` keeps the raw (loss-scaled) sum; this returns the view
+    of the master gradient for that parameter. Valid until the next update zeroes gradients.
+    """
+    opt = trainer.optimizer
+    fp32 = getattr(opt, "fp32_params", None)
+    if fp32 is None:
+        return lambda p: p.grad
+    trainable = [p for p in opt.fp16_params if p.requires_grad]
+    where: dict[int, Any] = {}
+    if opt.has_flat_params:  # one flat fp32 tensor per device, parameters in order (fairseq's sync)
+        offsets: dict[Any, int] = {}
+        for p in trainable:
+            key = p.device.index if p.device.index in fp32 else next(iter(fp32))
+            start = offsets.get(key, 0)
+            where[id(p)] = (fp32[key], start, p.numel(), p.shape)
+            offsets[key] = start + p.numel()
+
+        def flat(p):
+            if id(p) not in where:
+                return None
+            master, start, n, shape = where[id(p)]
+            grad = master.grad
+            return None if grad is None else grad[start:start + n].view(shape)
+        return flat
+    for p, p32 in zip(opt.fp16_params, fp32, strict=True):
+        where[id(p)] = p32
+    return lambda p: where[id(p)].grad if id(p) in where else None
 
 
 def updates_per_epoch(data: str | Path, flags: dict[str, Any]) -> int:
@@ -169,7 +234,8 @@ def updates_per_epoch(data: str | Path, flags: dict[str, Any]) -> int:
         dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
         max_sentences=cfg.dataset.batch_size, max_positions=(1024, 1024),
         ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=cfg.common.seed)
-    return math.ceil(len(itr) / cfg.optimization.update_freq[0])
+    per_rank = math.ceil(len(itr) / max(int(flags.get("distributed_world_size", 1)), 1))
+    return math.ceil(per_rank / cfg.optimization.update_freq[0])
 
 
 def batch_iterator(task, split: str, max_tokens: int = 8192, max_sentences: int | None = None,
@@ -203,6 +269,89 @@ def move_to(sample, device: str):
     from fairseq import utils
 
     return utils.move_to_cuda(sample) if device == "cuda" else sample
+
+
+# --- data-parallel runtime (lnexp.train.distributed) -------------------------------------------
+
+TORCHRUN_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
+_DIST_KEYS = ("distributed_world_size", "distributed_rank", "distributed_backend",
+              "distributed_init_method", "distributed_port", "device_id", "distributed_no_spawn",
+              "distributed_num_procs")
+
+
+def infer_init_method(cfg) -> str | None:
+    """fairseq's ``infer_init_method`` on ``cfg.distributed_training``; returns how this process
+    takes part: None (one process), "spawn" (start one worker per rank on this node, as fairseq
+    does per GPU) or "member" (torchrun or SLURM started this process as one rank).
+
+    On CPU fairseq's inference divides by the GPU count, so the same rules are applied here:
+    torchrun's environment (env://), else a free port on this node.
+    """
+    from fairseq.distributed import utils as du
+
+    dt = cfg.distributed_training
+    if cfg.common.cpu and dt.distributed_init_method is None and dt.distributed_world_size > 1:
+        if all(k in os.environ for k in TORCHRUN_ENV):
+            dt.distributed_init_method = "env://"
+            dt.distributed_world_size = int(os.environ["WORLD_SIZE"])
+            dt.distributed_rank = int(os.environ["RANK"])
+            dt.device_id = int(os.environ.get("LOCAL_RANK", 0))
+            dt.distributed_no_spawn = True
+        else:
+            port = dt.distributed_port if dt.distributed_port > 0 else _free_port()
+            dt.distributed_init_method = f"tcp://localhost:{port}"
+    elif not cfg.common.cpu:
+        du.infer_init_method(dt)
+    if dt.distributed_init_method is None:
+        return None
+    return "member" if dt.distributed_no_spawn else "spawn"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+def call_main(cfg, main, **kwargs) -> None:
+    """fairseq's ``call_main`` once ``infer_init_method`` ran: ``main(cfg, **kwargs)`` in every
+    rank after fairseq's ``distributed_init``. fairseq spawns min(GPUs, world size) workers, which
+    is none on CPU; there, spawn world-size workers with fairseq's own ``distributed_main``."""
+    import torch
+    from fairseq.distributed import utils as du
+
+    dt = cfg.distributed_training
+    if cfg.common.cpu and dt.distributed_init_method is not None and not dt.distributed_no_spawn:
+        kwargs["start_rank"] = dt.distributed_rank or 0
+        dt.distributed_rank = None  # assigned per worker, as fairseq does
+        torch.multiprocessing.spawn(fn=du.distributed_main, args=(main, cfg, kwargs),
+                                    nprocs=dt.distributed_world_size, join=True)
+    else:
+        du.call_main(cfg, main, **kwargs)
+
+
+def adopt_distributed(cfg, dist) -> None:
+    """Copy the rank, device and rendezvous that ``distributed_main`` set into a fresh config."""
+    for key in _DIST_KEYS:
+        cfg.distributed_training[key] = dist[key]
+
+
+def is_master(cfg) -> bool:
+    from fairseq.distributed import utils as du
+
+    return du.is_master(cfg.distributed_training)
+
+
+def broadcast_from_master(obj: Any) -> Any:
+    """``obj`` of rank 0 on every rank (the others pass None and wait here); as is in one process."""
+    import torch
+    from fairseq.distributed import utils as du
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return obj
+    return du.broadcast_object(obj, src_rank=0, group=du.get_global_group())
 
 
 # --- checkpoints --------------------------------------------------------------------------------

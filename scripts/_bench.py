@@ -94,10 +94,12 @@ class LnexpTrainer:
     fa.train_step), without its logging, so update time and evaluation time can be taken apart.
     """
 
-    def __init__(self, overrides: list[str], stock: bool = False, compile_layers: bool = False) -> None:
+    def __init__(self, overrides: list[str], stock: bool = False, compile_layers: bool = False,
+                 dist=None) -> None:
         """``stock``: build the same run as stock fairseq's ``transformer`` (settings.stock_flags).
         ``compile_layers``: wrap every encoder/decoder layer in torch.compile (dynamic shapes); the
-        first updates then include compilation, so give them as untimed warm-up."""
+        first updates then include compilation, so give them as untimed warm-up.
+        ``dist``: this process is one rank of a data-parallel run (see ``data_parallel``)."""
         import torch
 
         from lnexp import config
@@ -121,6 +123,8 @@ class LnexpTrainer:
                      disable_validation=True, no_epoch_checkpoints=True)
         self.flags = flags
         self.fcfg = fa.to_fairseq_config(fa.training_args(self.data.bin_dir, flags))
+        if dist is not None:
+            fa.adopt_distributed(self.fcfg, dist)
         self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
         _, self.epoch_itr = fa.epoch_iterator(self.fcfg, self.trainer, None)
         if compile_layers:
@@ -163,35 +167,81 @@ class LnexpTrainer:
         self._sync()
         return time.perf_counter() - t, target_tokens(samples), flops
 
-    def run(self, warmup: int, updates: int, count_flops: int = 1) -> dict[str, Any]:
+    def run(self, warmup: int, updates: int, count_flops: int = 1, on_first=None) -> dict[str, Any]:
         """``warmup`` untimed updates (the first ``count_flops`` of them under FlopCounterMode),
-        then ``updates`` timed ones: target tokens/s over the timed window, FLOPs per token."""
+        then ``updates`` timed ones: target tokens/s over the timed window (all ranks), FLOPs per
+        token, fp16 overflows (skipped updates) and the final loss scale. ``on_first(self, step)``
+        runs right after the first update (its gradients still there)."""
         import torch
 
         from lnexp import fairseq_adapter as fa
 
         sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
         flops = ftok = 0.0
+        overflows = 0
         for i in range(max(warmup, 1)):
             samples = self._next()
             if i < count_flops:
                 with flop_counter() as fc:
-                    fa.train_step(self.trainer, samples)
+                    step = fa.train_step(self.trainer, samples)
                 flops += fc.get_total_flops()
                 ftok += target_tokens(samples)
             else:
-                fa.train_step(self.trainer, samples)
+                step = fa.train_step(self.trainer, samples)
+            if i == 0 and on_first is not None:
+                on_first(self, step)
+            overflows += bool(step and step.get("overflow"))
         sync()
         t0 = time.perf_counter()
         tokens = 0.0
+        world = self.trainer.data_parallel_world_size
         for _ in range(updates):
             samples = self._next()
-            tokens += target_tokens(samples)
-            fa.train_step(self.trainer, samples)
+            step = fa.train_step(self.trainer, samples)
+            if step and not step.get("overflow"):
+                tokens += step["ntokens"]  # all ranks' target tokens (fairseq's wpb)
+            else:
+                tokens += target_tokens(samples) * world
+                overflows += bool(step)
         sync()
         dt = time.perf_counter() - t0
         return {"tokens": tokens, "seconds": dt, "tok_s": tokens / dt, "s_per_update": dt / updates,
-                "flops_per_token": flops / ftok if ftok else float("nan")}
+                "flops_per_token": flops / ftok if ftok else float("nan"), "overflows": overflows,
+                "loss_scale": fa.loss_scale(self.trainer), "world_size": world}
+
+
+def data_parallel(overrides: list[str], warmup: int, updates: int, out: Path) -> dict[str, Any]:
+    """``LnexpTrainer.run`` in every rank of a data-parallel run (``distributed.world_size`` in
+    ``overrides``), started as ``lnexp train`` starts one (fairseq's infer_init_method and
+    call_main); rank 0's result, tokens counted over all ranks."""
+    import json
+
+    from lnexp import fairseq_adapter as fa
+    from lnexp.data.registry import load_for_training
+    from lnexp.train import settings
+
+    cfg = compose(overrides)
+    device = settings.resolve_device(cfg)
+    flags = settings.fairseq_flags(cfg, 1, device)
+    fcfg = fa.to_fairseq_config(fa.training_args(load_for_training(cfg.dataset).bin_dir, flags))
+    if fa.infer_init_method(fcfg) is None:
+        raise ValueError("data_parallel needs distributed.world_size > 1")
+    out.unlink(missing_ok=True)
+    fa.call_main(fcfg, _rank_run, overrides=overrides, warmup=warmup, updates=updates,
+                 out=str(out))
+    return json.loads(out.read_text())
+
+
+def _rank_run(fcfg, overrides: list[str], warmup: int, updates: int, out: str, **_) -> None:
+    import json
+
+    from lnexp import fairseq_adapter as fa
+
+    run = LnexpTrainer(overrides, dist=fcfg.distributed_training)
+    res = run.run(warmup, updates, count_flops=0)
+    if fa.is_master(run.fcfg):
+        res["params"] = run.params()
+        Path(out).write_text(json.dumps(res))
 
 
 def target_tokens(samples) -> float:

@@ -1,21 +1,34 @@
 #!/usr/bin/env python
-"""One-shot readiness check for a GPU session: matmul peak, tokens/s and efficiency at paper scale.
+"""The GPU session script: paper-scale tokens/s of stock fairseq and lnexp in fp32, bf16 and fp16,
+side by side, with fp16 overflows, gradient norms against fp32, and data-parallel training over
+every visible GPU. One table; meant to take under 8 minutes on one GPU (6 short runs; not yet
+timed on one: --tiny takes about a minute on 2 busy CPU cores).
 
-    python scripts/gpu_check.py                 # paper IWSLT model (6+6, d=512), fp32 and bf16
-    python scripts/gpu_check.py --max-tokens 8192 --updates 50
-    python scripts/gpu_check.py --tiny          # CPU: 2+2-layer mini model, fp32 (used by tests)
+    python scripts/gpu_check.py                  # paper IWSLT model (6+6, d=512), all precisions
+    python scripts/gpu_check.py --updates 50 --max-tokens 8192
+    python scripts/gpu_check.py --tiny           # CPU: 2+2-layer mini model, fp32, 2 gloo workers
 
-For each precision it builds lnexp's training path in-process (config -> fairseq flags with
---bf16/--fp16 -> Trainer; the adapter calls of lnexp.train.loop), runs ``--warmup`` untimed
-updates (the first under torch's FlopCounterMode: model FLOPs of one training step), then
-``--updates`` timed ones (device synchronised), and divides achieved FLOP/s by the measured
-matrix-multiply peak of the same precision. bf16/fp16 need a GPU and are skipped on CPU.
+Per precision, stock fairseq's ``transformer`` (settings.stock_flags) and lnexp's Pre-LN model are
+built in-process through lnexp's training path (config -> fairseq flags -> Trainer; the adapter
+calls of lnexp.train.loop), run ``--warmup`` untimed updates (lnexp's first under torch's
+FlopCounterMode) and ``--updates`` timed ones (device synchronised). Columns:
+
+- ``overflows``: fp16 updates fairseq skipped (loss scale lowered), lnexp / stock, with lnexp's
+  final loss scale;
+- ``gnorm vs fp32``: the largest relative difference, over layers, between the FFN gradient norms
+  ``track_norms`` reads after the first update (the fp32 master gradients the optimizer steps
+  with) and those of fp32 on the same first batch; bf16/fp16 should stay at their precision;
+- ``of peak``: lnexp's achieved FLOP/s over the measured matmul peak of the same precision;
+- the ``x N`` row: lnexp data-parallel over N processes (``distributed.world_size=N``, fairseq's
+  DDP and sharded batches; N = visible GPUs when there are 2 or more, ``--world-size`` to set it;
+  on CPU gloo workers), tokens/s over all ranks, scaling = its tokens/s over N x the one-GPU row.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -23,15 +36,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B  # noqa: E402
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+NAN = float("nan")
+
+
+def first_update_norms(store: dict):
+    """``on_first`` for LnexpTrainer.run: the per-layer FFN gradient norms track_norms reads."""
+    def record(run, step) -> None:
+        from lnexp import fairseq_adapter as fa
+        from lnexp.train.norms import ffn_grad_norms
+
+        if step and not step.get("overflow"):  # an fp16 overflow leaves no gradients: nan
+            store.update(ffn_grad_norms(run.model, fa.stepped_grads(run.trainer)))
+    return record
+
+
+def max_rel_diff(a: dict, ref: dict) -> float:
+    diffs = [abs(a[k] - v) / v for k, v in ref.items() if k in a and v > 0]
+    return max(diffs) if diffs else NAN
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="iwslt", choices=sorted(B.ARCHS))
-    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--precisions", default="fp32,bf16,fp16")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per batch (default: config's)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--updates", type=int, default=30)
+    p.add_argument("--world-size", type=int, default=None,
+                   help="data-parallel processes (default: visible GPUs if 2 or more, else none; "
+                        "--tiny: 2 gloo workers)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny model, few updates")
     B.add_data_args(p)
@@ -45,37 +78,62 @@ def main() -> None:
     device = "cuda" if cuda else "cpu"
     print(B.machine_line())
     if cuda:
-        print(f"# GPU: {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, "
-              f"TF32 matmul {'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}")
+        print(f"# GPU: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, CUDA "
+              f"{torch.version.cuda}, TF32 matmul "
+              f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}")
     over = [f"scale.arch={B.ARCHS[args.model]}", "placement=pre_ln", f"device={device}", "seed=1",
             f"threads={torch.get_num_threads()}"]
+    world = args.world_size
+    if world is None:
+        world = torch.cuda.device_count() if cuda and torch.cuda.device_count() >= 2 else 1
     if args.tiny:
         over += B.QUICK_OVERRIDES
         args.model = "mini (2+2 layers)"
         args.warmup, args.updates = 1, min(args.updates, 3)
+        world = args.world_size or 2
     if args.max_tokens:
         over.append(f"scale.max_tokens={args.max_tokens}")
     over += B.data_overrides(args)
     n = 8192 if cuda else 2048
-    rows = []
+    rows, single, ref_norms = [], {}, {}
     for precision in [x.strip() for x in args.precisions.split(",") if x.strip()]:
         if precision != "fp32" and not cuda:
-            rows.append([precision, "skipped: needs a GPU"] + [float("nan")] * 6)
+            rows.append([precision, 1, "skipped: needs a GPU"] + [NAN] * 7)
             continue
+        res, norms = {}, {}
+        for kind in ("stock", "lnexp"):
+            run = B.LnexpTrainer([*over, f"precision={precision}"], stock=kind == "stock")
+            res[kind] = run.run(args.warmup, args.updates, count_flops=int(kind == "lnexp"),
+                                on_first=first_update_norms(norms) if kind == "lnexp" else None)
+            res[kind]["params"] = run.params()
+            del run
+            if cuda:
+                torch.cuda.empty_cache()
+        if precision == "fp32":
+            ref_norms = dict(norms)
+        mine, stock = res["lnexp"], res["stock"]
+        single[precision] = mine["tok_s"]
         peak = B.matmul_peak(n, DTYPES[precision], device)
-        run = B.LnexpTrainer([*over, f"precision={precision}"])
-        res = run.run(args.warmup, args.updates, count_flops=1)
-        achieved = res["tok_s"] * res["flops_per_token"]
-        rows.append([precision, f"{run.params() / 1e6:.1f}M params", res["tok_s"],
-                     res["s_per_update"], res["flops_per_token"] / 1e6, achieved / 1e12,
-                     peak / 1e12, achieved / peak])
-        del run
-        if cuda:
-            torch.cuda.empty_cache()
-    print(f"# lnexp training path, model {args.model}, Pre-LN, {args.warmup} warm-up + "
-          f"{args.updates} timed updates per precision; peak = {n}x{n} matmul, same precision")
-    print(B.table(["precision", "model", "tok/s", "s/update", "MFLOP/tok", "TFLOP/s", "peak TFLOP/s",
-                   "of peak"], rows))
+        rows.append([precision, 1, f"{mine['params'] / 1e6:.1f}M params", mine["tok_s"],
+                     stock["tok_s"], mine["tok_s"] / stock["tok_s"],
+                     f"{mine['overflows']}/{stock['overflows']}",
+                     NAN if mine["loss_scale"] is None else mine["loss_scale"],
+                     max_rel_diff(norms, ref_norms) if precision != "fp32" else 0.0,
+                     mine["tok_s"] * mine["flops_per_token"] / peak])
+    if world >= 2:
+        with tempfile.TemporaryDirectory() as tmp:
+            dp = B.data_parallel([*over, "precision=fp32", f"distributed.world_size={world}"],
+                                 args.warmup, args.updates, Path(tmp) / "rank0.json")
+        rows.append([f"fp32 x {world}", dp["world_size"], "lnexp data-parallel", dp["tok_s"], NAN,
+                     NAN, f"{dp['overflows']}/-", NAN, NAN, NAN])
+        scaling = dp["tok_s"] / (world * single["fp32"]) if single.get("fp32") else NAN
+        note = f"; x {world}: scaling {scaling:.2f} of {world} x the 1-process fp32 tok/s"
+    else:
+        note = "; data-parallel row: needs 2 or more GPUs (or --world-size)"
+    print(f"# model {args.model}, Pre-LN, {args.warmup} warm-up + {args.updates} timed updates per "
+          f"run; stock = fairseq's transformer, same flags; peak = {n}x{n} matmul{note}")
+    print(B.table(["precision", "world", "model", "lnexp tok/s", "stock tok/s", "lnexp/stock",
+                   "overflows l/s", "loss scale", "gnorm vs fp32", "of peak"], rows))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ class Validation:
 
 
 def validation_loss(task, trainer, split: str = "valid", max_tokens: int = 8192) -> Validation:
-    model, criterion = trainer.model, trainer.criterion
+    model, criterion = trainer.get_model(), trainer.criterion  # unwrapped: no DDP collectives
     model.eval()
     loss = nll = ntokens = sample_size = 0.0
     with torch.no_grad():

@@ -42,16 +42,25 @@ def finished(run_dir: Path, max_epoch: int, max_update: int = 0) -> dict | None:
 
 def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns its final status."""
-    import torch
+    from lnexp.train import distributed
 
-    from lnexp.data.registry import load_for_training
-
-    paths = settings.run_paths(run_dir)
     done = finished(run_dir, int(cfg.max_epoch), int(cfg.max_update))
     if done is not None:
         log.info("%s: already %s at epoch %s, skipping", run_dir, done["status"], done.get("epoch"))
         return done
     run_dir.mkdir(parents=True, exist_ok=True)
+    return distributed.launch(cfg, run_dir, train_process)
+
+
+def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
+    """The training of one process: the whole run, or one rank of a data-parallel run (``dist``:
+    fairseq's distributed settings of the rank, see lnexp.train.distributed). Rank 0 alone writes
+    the run folder and computes BLEU."""
+    import torch
+
+    from lnexp.data.registry import load_for_training
+
+    paths = settings.run_paths(run_dir)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     data = load_for_training(cfg.dataset)
@@ -63,55 +72,66 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                  no_epoch_checkpoints=True)
     args = fa.training_args(data.bin_dir, flags)
     fcfg = fa.to_fairseq_config(args)
+    if dist is not None:
+        fa.adopt_distributed(fcfg, dist)
+    master = fa.is_master(fcfg)
     task, model, criterion, trainer = fa.build_trainer(fcfg)
     last = paths["checkpoints"] / "checkpoint_last.pt"
     extra, epoch_itr = fa.epoch_iterator(fcfg, trainer, last)
     state = (extra or {}).get("lnexp") or {"history": [], "wall_s": 0.0, "acc": _zero_acc(),
                                           "diverged": None}
+    state.setdefault("overflows", 0)  # fp16 updates skipped by fairseq's loss scaler
     history: list[dict[str, Any]] = state["history"]
-    _log_start(cfg, run_dir, trainer.get_num_updates(), epoch_itr, history,
-               read_json(paths["status"], {}))
-    runlog = RunLog(paths, trainer.get_num_updates())
+    if master:
+        _log_start(cfg, run_dir, trainer.get_num_updates(), epoch_itr, history,
+                   read_json(paths["status"], {}))
+    runlog = RunLog(paths, trainer.get_num_updates(), tensorboard=master)
     scorer = BleuScorer(task, data, int(cfg.eval.beam), float(cfg.eval.lenpen),
                         int(cfg.eval.max_sentences), int(cfg.eval.subset))
-    paths["hyps"].mkdir(exist_ok=True)
-    _write_refs(paths["hyps"] / "valid.ref", scorer.refs)
+    if master:
+        paths["hyps"].mkdir(exist_ok=True)
+        _write_refs(paths["hyps"] / "valid.ref", scorer.refs)
     entropy = unigram_entropy_bits(task.dataset("train").tgt,
                                    Path(data.bin_dir) / f"unigram_entropy.{data.tgt}.json")
     rule = PlateauRule(entropy, int(cfg.divergence.plateau_epoch),
                        float(cfg.divergence.plateau_margin))
-    write_json(paths["run"], {
-        "config": OmegaConf.to_container(cfg, resolve=True), "data": data.__dict__,
-        "device": device, "torch_threads": torch.get_num_threads(),
-        "params": sum(p.numel() for p in model.parameters()),
-        "fairseq_flags": {k: str(v) for k, v in flags.items()},
-        "stock_fairseq_train": None if stock is None else shlex.join(
-            ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
-        "schedule": schedule_in_force(cfg),
-        "units": UNITS, "unigram_entropy_bits": entropy,
-        "bleu_signature": None, "last_started": time.strftime("%FT%T"),
-    })
+    world = int(fcfg.distributed_training.distributed_world_size)
+    if master:
+        write_json(paths["run"], {
+            "config": OmegaConf.to_container(cfg, resolve=True), "data": data.__dict__,
+            "device": device, "torch_threads": torch.get_num_threads(),
+            "params": sum(p.numel() for p in model.parameters()),
+            "fairseq_flags": {k: str(v) for k, v in flags.items()},
+            "stock_fairseq_train": None if stock is None else shlex.join(
+                ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
+            "schedule": schedule_in_force(cfg),
+            "units": UNITS, "unigram_entropy_bits": entropy,
+            "bleu_signature": None, "last_started": time.strftime("%FT%T"), "world_size": world,
+            "tokens_per_update_max": world * int(cfg.scale.update_freq) * int(cfg.scale.max_tokens),
+        })
     tracker = None
-    if cfg.track_norms:
-        from lnexp.probes import NormTracker
+    if cfg.track_norms and master:
+        from lnexp.train.norms import NormTracker
 
         tracker = NormTracker(trainer.model, paths["norms"], int(cfg.track_every),
-                              trainer.get_num_updates(), tb=runlog.tb)
+                              trainer.get_num_updates(), tb=runlog.tb,
+                              grad_of=fa.stepped_grads(trainer))
     t0 = time.perf_counter() - state["wall_s"]
     save_every = int(cfg.save_interval_updates)
     max_update = int(cfg.max_update)
     beat = _Heartbeat(paths["status"])
-    beat({"status": "running", "epoch": len(history), "updates": trainer.get_num_updates()})
+    if master:
+        beat({"status": "running", "epoch": len(history), "updates": trainer.get_num_updates()})
     bar = None
 
     def save(end_of_epoch: bool) -> None:
         state["wall_s"] = time.perf_counter() - t0
         state["saved_update"] = trainer.get_num_updates()
-        if end_of_epoch:
+        if end_of_epoch and master:
             runlog.epoch(history)
-        else:
+        elif master:
             runlog.flush_updates()
-        _save_checkpoint(trainer, epoch_itr, state, last)
+        _save_checkpoint(trainer, epoch_itr, state, last, master)
 
     try:
         while epoch_itr.next_epoch_idx <= int(cfg.max_epoch):
@@ -129,12 +149,16 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 lr = trainer.get_lr()
                 step = fa.train_step(trainer, samples)
                 n = trainer.get_num_updates()
+                if step is not None and step.get("overflow"):  # fp16: scale lowered, no update
+                    state["overflows"] += 1
+                    continue
                 if step is None or non_finite(step["loss"]):
                     state["diverged"] = {"reason": "non-finite loss or gradient", "update": n + 1,
                                          "epoch": epoch}
                     break
-                runlog.update({"update": n, "epoch": epoch, "lr": lr, **step})
-                if bar.update(n, epoch, itr.n, step, lr, time.perf_counter() - t0):
+                runlog.update({"update": n, "epoch": epoch, "lr": lr, **step,
+                               "overflows": state["overflows"]})
+                if master and bar.update(n, epoch, itr.n, step, lr, time.perf_counter() - t0):
                     runlog.flush_updates()
                     beat({"status": "running", "epoch": len(history), "updates": n,
                           "in_epoch": epoch})
@@ -151,10 +175,12 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             if state["diverged"]:
                 break
             bar.close()
-            beat({"status": "running", "epoch": len(history), "updates": trainer.get_num_updates(),
-                  "validating": epoch})
-            record, state["signature"] = _end_of_epoch(task, trainer, scorer, epoch, acc, paths,
-                                                       device, t0)
+            if master:
+                beat({"status": "running", "epoch": len(history),
+                      "updates": trainer.get_num_updates(), "validating": epoch})
+            # validation and BLEU once, on rank 0; the other ranks wait for its record
+            record, state["signature"] = fa.broadcast_from_master(_end_of_epoch(
+                task, trainer, scorer, epoch, acc, paths, device, t0) if master else None)
             if history and history[-1]["epoch"] == epoch:  # a max_update stop inside this epoch
                 history[-1] = record
             else:
@@ -166,20 +192,23 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 state["diverged"] = {"reason": f"plateau: valid nll {record['valid_nll_loss']:.2f}"
                                      f" bits >= unigram entropy {entropy:.2f} - {rule.margin_bits}",
                                      "update": record["updates"], "epoch": epoch}
-            _log_epoch(record)
-            stopped = bool(max_update) and trainer.get_num_updates() >= max_update
-            progress.log_epoch(cfg, run_dir, record, stopped=f"max_update={max_update}" if stopped
-                               else None)
+            if master:
+                _log_epoch(record)
+                stopped = bool(max_update) and trainer.get_num_updates() >= max_update
+                progress.log_epoch(cfg, run_dir, record,
+                                   stopped=f"max_update={max_update}" if stopped else None)
             save(end_of_epoch=True)
-            _keep_best(paths["checkpoints"], history)
+            if master:
+                _keep_best(paths["checkpoints"], history)
             if state["diverged"] and (cfg.divergence.stop or not math.isfinite(record["valid_loss"])):
                 break
             if max_update and trainer.get_num_updates() >= max_update:
                 break
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say so; the last checkpoint resumes it
-        write_json(paths["status"], {"status": "interrupted", "epoch": len(history),
-                                     "updates": trainer.get_num_updates(),
-                                     "resumes_from": _checkpoint_update(state, history)})
+        if master:
+            write_json(paths["status"], {"status": "interrupted", "epoch": len(history),
+                                         "updates": trainer.get_num_updates(),
+                                         "resumes_from": _checkpoint_update(state, history)})
         raise
     finally:
         runlog.close()
@@ -193,10 +222,11 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
               "stopped": bool(div) and len(history) < int(cfg.max_epoch),
               "max_update_reached": bool(max_update) and trainer.get_num_updates() >= max_update,
               "wall_s": round(time.perf_counter() - t0, 1)}
-    run_json = read_json(paths["run"], {})
-    run_json["bleu_signature"] = state.get("signature")
-    write_json(paths["run"], run_json)
-    write_json(paths["status"], status)
+    if master:
+        run_json = read_json(paths["run"], {})
+        run_json["bleu_signature"] = state.get("signature")
+        write_json(paths["run"], run_json)
+        write_json(paths["status"], status)
     return status
 
 
@@ -264,7 +294,7 @@ def _end_of_epoch(task, trainer, scorer: BleuScorer, epoch: int, acc: dict, path
                   t0: float) -> tuple[dict[str, Any], str | None]:
     t_valid = time.perf_counter()
     val = validation_loss(task, trainer)
-    bleu = scorer.score(trainer.model, device, paths["hyps"] / f"valid_epoch{epoch:03d}.txt")
+    bleu = scorer.score(trainer.get_model(), device, paths["hyps"] / f"valid_epoch{epoch:03d}.txt")
     record: dict[str, Any] = {
         "epoch": epoch, "updates": trainer.get_num_updates(), "lr": trainer.get_lr(),
         "train_loss": acc["loss"] / max(acc["sample_size"], 1),
@@ -291,12 +321,14 @@ def _write_refs(path: Path, refs: list[str]) -> None:
     write_atomic(path, "".join(r + "\n" for r in refs))
 
 
-def _save_checkpoint(trainer, epoch_itr, state: dict, path: Path) -> None:
+def _save_checkpoint(trainer, epoch_itr, state: dict, path: Path, master: bool = True) -> None:
+    """fairseq's checkpoint (every rank takes part; fairseq writes it on rank 0 only)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     trainer.consolidate_optimizer()
     trainer.save_checkpoint(str(tmp), {"train_iterator": epoch_itr.state_dict(), "lnexp": state})
-    tmp.replace(path)
+    if master:
+        tmp.replace(path)
 
 
 def _keep_best(ckpt_dir: Path, history: list[dict[str, Any]]) -> None:

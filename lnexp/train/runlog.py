@@ -13,7 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-UPDATE_FIELDS = ("update", "epoch", "lr", "loss", "nll_loss", "gnorm", "ntokens")
+# loss_scale: fairseq's fp16 loss scale after the update (empty without one: fp32, bf16);
+# overflows: fp16 updates skipped so far in the run (fairseq lowered the scale and went on)
+UPDATE_FIELDS = ("update", "epoch", "lr", "loss", "nll_loss", "gnorm", "ntokens", "loss_scale",
+                 "overflows")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -84,7 +87,7 @@ class RunLog:
         self._unflushed += 1
         if self.tb is not None:
             step = row["update"]
-            for key in ("lr", "loss", "nll_loss", "gnorm"):
+            for key in ("lr", "loss", "nll_loss", "gnorm", "loss_scale"):
                 if row.get(key) is not None:
                     self.tb.add_scalar(f"train/{key}", row[key], step)
 

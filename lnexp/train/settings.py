@@ -52,6 +52,7 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
         cpu=device == "cpu", bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16",
         num_workers=0, required_batch_size_multiple=1,
     )
+    flags.update(distributed_flags(cfg, device))
     if opt.name in ("adam", "radam"):
         flags.update(adam_betas=f"({opt.betas[0]}, {opt.betas[1]})", adam_eps=float(opt.eps))
     if opt.name == "sgd":
@@ -63,6 +64,50 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
         if not updates_per_epoch:
             raise ConfigError("schedule=linear needs the run length; it could not be computed")
         flags.update(total_updates=int(updates_per_epoch * cfg.max_epoch))
+    return flags
+
+
+def distributed_flags(cfg: DictConfig, device: str) -> dict[str, Any]:
+    """fairseq's distributed-training options of ``distributed.*`` (docs/multi-gpu.md).
+
+    The world size is always passed: fairseq's own default is every visible GPU.
+    """
+    import os
+
+    d = cfg.get("distributed") or {}
+    ws = d.get("world_size", 1)
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+        raise ConfigError(f"distributed.world_size={ws!r} must be a whole number >= 1")
+    flags: dict[str, Any] = {"distributed_world_size": ws}
+    if ws == 1:
+        return flags
+    cuda = device == "cuda"
+    launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")) \
+        or ("SLURM_JOB_NODELIST" in os.environ and int(d.get("port", -1)) > 0)
+    if cuda and not launched and not d.get("init_method"):
+        import torch
+
+        if ws > torch.cuda.device_count():
+            raise ConfigError(f"distributed.world_size={ws} but {torch.cuda.device_count()} GPU(s) "
+                              "are visible: use at most that many, or start the run under torchrun "
+                              "or SLURM (docs/multi-gpu.md)")
+    backend = d.get("backend", "auto")
+    backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
+    if backend == "nccl" and not cuda:
+        raise ConfigError("distributed.backend=nccl needs GPUs: use distributed.backend=gloo on CPU")
+    ddp = d.get("ddp_backend", "auto")
+    ddp = ("pytorch_ddp" if cuda else "legacy_ddp") if ddp == "auto" else ddp
+    if ddp in ("pytorch_ddp", "c10d") and not cuda:
+        raise ConfigError(f"distributed.ddp_backend={ddp} needs GPUs (fairseq passes GPU ids to "
+                          "torch's DDP): use distributed.ddp_backend=legacy_ddp on CPU")
+    flags.update(distributed_backend=backend, ddp_backend=ddp,
+                 bucket_cap_mb=int(d.get("bucket_cap_mb", 25)),
+                 find_unused_parameters=bool(d.get("find_unused_parameters", False)),
+                 heartbeat_timeout=int(d.get("heartbeat_timeout", -1)))
+    if int(d.get("port", -1)) > 0:
+        flags["distributed_port"] = int(d.port)
+    if d.get("init_method"):
+        flags["distributed_init_method"] = str(d.init_method)
     return flags
 
 

@@ -1,0 +1,91 @@
+"""Data-parallel training through fairseq's distributed runtime (docs/multi-gpu.md).
+
+``launch(cfg, run_dir, body)`` calls ``body(cfg, run_dir, dist)`` once per data-parallel rank:
+
+- ``distributed.world_size=1``: in this process, ``dist`` None;
+- N > 1 on one node: fairseq's ``call_main`` spawns one worker per rank (per GPU; on CPU, N
+  processes with gloo), each after fairseq's ``distributed_init``;
+- under torchrun or SLURM (detected from the environment by fairseq's ``infer_init_method``):
+  this process is one rank.
+
+``dist`` is fairseq's ``distributed_training`` config of the rank (rank, device, rendezvous);
+the body builds its Trainer with it, so fairseq wraps the model in DDP and shards the batches.
+The data is prepared here, once, before any worker starts. Rank 0 writes the run folder; the
+status returned is the one it wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lnexp import fairseq_adapter as fa
+from lnexp.train import settings
+from lnexp.train.runlog import read_json
+
+log = logging.getLogger("lnexp.train")
+Body = Callable[[DictConfig, Path, Any], dict[str, Any]]
+
+
+def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
+    from lnexp.data.registry import load_for_training
+
+    data = load_for_training(cfg.dataset)  # once, before the workers (they find it prepared)
+    # as fairseq-train: the checkpoint folder exists before the first update (fairseq writes
+    # crash.pt there when it gives up)
+    settings.run_paths(run_dir)["checkpoints"].mkdir(parents=True, exist_ok=True)
+    device = settings.resolve_device(cfg)
+    flags = settings.fairseq_flags(cfg, 1, device)
+    fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
+    mode = fa.infer_init_method(fcfg)
+    if mode is None:
+        return body(cfg, run_dir, None)
+    dt = fcfg.distributed_training
+    log.info("data-parallel: world size %d, %s, %s (%s)", dt.distributed_world_size,
+             dt.distributed_backend, dt.distributed_init_method,
+             "one rank of torchrun/SLURM" if mode == "member" else "workers spawned here")
+    result: dict[str, Any] = {}
+    fa.call_main(fcfg, _rank_main, lnexp_cfg=cfg, run_dir=str(run_dir), body=body,
+                 watch_parent=os.getpid() if mode == "spawn" else None,
+                 result=result if mode == "member" else None)
+    if result:
+        return result
+    return read_json(settings.run_paths(run_dir)["status"], {}) or {"status": "failed"}
+
+
+def _rank_main(fcfg, lnexp_cfg: DictConfig, run_dir: str, body: Body, watch_parent: int | None,
+               result: dict | None = None, **_: Any) -> None:
+    """One rank (fairseq's ``distributed_main`` calls this after ``distributed_init``)."""
+    if watch_parent is not None:  # a spawned worker: its own interpreter, without our logging
+        _setup_worker_logging(fa.is_master(fcfg))
+        _exit_with_parent(watch_parent)
+    status = body(lnexp_cfg, Path(run_dir), fcfg.distributed_training)
+    if result is not None:
+        result.update(status)
+
+
+def _setup_worker_logging(master: bool) -> None:
+    import warnings
+
+    for category in (UserWarning, FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+    logging.basicConfig(level=logging.INFO if master else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A spawned worker stops when the process that started it is gone (killed without a chance
+    to stop its workers), instead of training on as an orphan."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="lnexp-parent-watch").start()
