@@ -56,7 +56,7 @@ theory: install
 	$(LNEXP) figure theory --scale $(SCALE)
 
 report: install
-	$(LNEXP) figure report --scale $(SCALE)
+	$(LNEXP) figure report --scale $(SCALE) --readme README.md
 
 figures: fig3 theory fig2 fig4 report
 

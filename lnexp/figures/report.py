@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,12 +195,53 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
     return "\n".join(out)
 
 
+README_BEGIN = "<!-- claims: written by `make report` (lnexp figure report --readme README.md) -->"
+README_END = "<!-- end of claims -->"
+
+
+def claims_table(figures: Path, scale: str) -> str:
+    """The required claims of every figure that was run: the paper's value, ours, holds or not."""
+    lines = [README_BEGIN, "",
+             f"Scale `{scale}`, read from `{figures.as_posix()}/*_checks.json` by `make report` on "
+             f"{time.strftime('%Y-%m-%d')}; [report/README.md](report/README.md) has every row and figure.",
+             "", "| figure | claim of the paper | paper | ours | holds? |", "|---|---|---|---|---|"]
+    missing = []
+    for name, title in SECTIONS:
+        doc = _read_json(figures / f"{name}_checks.json")
+        if doc is None:
+            missing.append(f"`make {name}`")
+            continue
+        required = [c for c in check_items(doc) if c.get("required", True)]
+        for row in check_rows({"checks": required}):
+            lines.append(f"| {title.split(' (')[0]} | {row['claim']} | {row['paper']} | {row['ours']} | "
+                         f"{row['holds']} |")
+    if missing:
+        lines += ["", "Not run yet for this table: " + ", ".join(missing) + "."]
+    return "\n".join([*lines, "", README_END])
+
+
+def update_readme(path: Path, table: str) -> None:
+    """Replace the claims block of ``path`` (between the markers) with ``table``, atomically."""
+    from lnexp.errors import UserError
+
+    text = path.read_text() if path.is_file() else ""
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        raise UserError(f"{path} has no claims block: put the lines {README_BEGIN!r} and "
+                        f"{README_END!r} where the table belongs")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text[:start] + table + text[end + len(README_END):])
+    tmp.replace(path)
+
+
 def main(argv: list[str]) -> int:
     ap = ArgumentParser(prog="lnexp figure report", description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", default="mini", choices=("mini", "paper"))
     ap.add_argument("--figures", default="figures", type=Path, help="where the figures are")
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (data sizes)")
     ap.add_argument("--out", default="report", type=Path, help="report folder (README.md goes there)")
+    ap.add_argument("--readme", type=Path, default=None,
+                    help="also rewrite the claims table of this file (between its claims markers)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     text = build(args.figures, args.out, args.scale, args.runs_root)
@@ -208,4 +250,7 @@ def main(argv: list[str]) -> int:
     tmp.write_text(text)
     tmp.replace(path)
     print(f"wrote {path}")
+    if args.readme is not None:
+        update_readme(args.readme, claims_table(args.figures, args.scale))
+        print(f"updated the claims table of {args.readme}")
     return 0
