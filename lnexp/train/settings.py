@@ -46,6 +46,10 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
     if cfg.eval.beam < 1:
         raise ConfigError(f"eval.beam={cfg.eval.beam} must be >= 1")
+    keep = cfg.checkpoint.keep_last_epochs
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 0:
+        raise ConfigError(f"checkpoint.keep_last_epochs={keep!r} must be a whole number >= 0 "
+                          "(0 keeps no epoch checkpoints)")
 
 
 def resolve_device(cfg: DictConfig) -> str:
