@@ -216,3 +216,14 @@ def test_plot_marks_diverged_runs_and_names_what_differs(tmp_path, capsys):
     rc, _, err = lnexp(capsys, "plot", "--runs-root", str(root), "warmup=100", "--metric", "valid_blue",
                        "--out", str(tmp_path / "f"))
     assert rc == 2 and "no run logged 'valid_blue'" in err
+
+
+def test_several_runs_a_broken_one_is_reported_and_the_others_evaluated(tiny_run, tmp_path, capsys):
+    empty = tmp_path / "failed_run"
+    empty.mkdir()
+    (empty / "run.json").write_text((tiny_run / "run.json").read_text())
+    rc, out, err = lnexp(capsys, "evaluate", str(empty), str(tiny_run), "--beam", "1")
+    assert rc == 2
+    (line,) = err.strip().splitlines()
+    assert "failed_run has no checkpoint_best.pt" in line
+    assert f"{tiny_run}: test (40 sentences), checkpoint best, beam 1" in out

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -145,12 +146,21 @@ def main(argv: list[str]) -> int:
     if args.name and ("/" in args.name or args.name.startswith(".")):
         raise UserError(f"--name {args.name!r} must be a plain name, e.g. newstest2014")
     quiet()
-    for run_dir in run_folders(args.runs):
-        record = evaluate(open_run(run_dir), args)
+    dirs = run_folders(args.runs)
+    failed = 0
+    for run_dir in dirs:
+        try:
+            record = evaluate(open_run(run_dir), args)
+        except UserError as e:
+            if len(dirs) == 1:
+                raise
+            failed += 1  # a sweep's failed run has no checkpoint: report it, evaluate the others
+            print(f"lnexp evaluate: error: {e}", file=sys.stderr, flush=True)
+            continue
         print(report(record), flush=True)
         if args.json:
             print(json.dumps(record), flush=True)
-    return 0
+    return 2 if failed else 0
 
 
 def quiet() -> None:
