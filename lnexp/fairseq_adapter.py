@@ -320,12 +320,9 @@ def load_for_inference(path: Path, data_dir: str | Path, dataset_impl: str | Non
 
 def add_inference_split(task, name: str, lines: list[str]) -> None:
     """Register subword-encoded source ``lines`` as split ``name`` of ``task`` (no targets)."""
-    import torch
-
     tokens = [task.source_dictionary.encode_line(line, add_if_not_exist=False).long()
               for line in lines]
-    task.datasets[name] = task.build_dataset_for_inference(
-        tokens, torch.tensor([t.numel() for t in tokens]).tolist())
+    task.datasets[name] = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
 
 
 # --- measurement objects (lnexp.probes, lnexp.figures.fig3/theory) ------------------------------

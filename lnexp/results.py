@@ -201,6 +201,7 @@ def check_filter_keys(runs: list[Run], filters: dict[str, Any]) -> None:
 
 
 def dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every key of a nested config as a dotted path: ``dataset``, ``dataset.name``, ..."""
     if not isinstance(node, dict):
         return []
     keys = []
