@@ -207,6 +207,20 @@ def batch_iterator(task, split: str, max_tokens: int = 8192, max_sentences: int 
         yield ds.collater([ds[j] for j in batch])
 
 
+def generate_batches(task, split: str, model, max_sentences: int):
+    """Batches of a split exactly as fairseq-generate forms them (its defaults: sorted by source
+    then target length, --required-batch-size-multiple 8, no shuffling). The length limit of a
+    hypothesis depends on the longest source in its batch, so reproducing fairseq-generate's
+    output needs its batches."""
+    from fairseq import utils
+
+    return task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=None, max_sentences=max_sentences,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=False, required_batch_size_multiple=8, seed=1,
+    ).next_epoch_itr(shuffle=False)
+
+
 # Hypotheses up to 1.2 x source + 10 tokens: untrained models stop early instead of at 200.
 MAX_LEN_A, MAX_LEN_B = 1.2, 10
 

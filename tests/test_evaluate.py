@@ -97,19 +97,20 @@ def test_defaults_are_the_datasets_beam_and_lenpen(tiny_run, capsys):
 
 def test_stock_fairseq_generate_reproduces_averaged_hypotheses(tiny_run, capsys):
     """avg2 = fairseq's average of the two epoch checkpoints; the printed fairseq-generate command
-    (lnexp's --user-dir, same beam/lenpen) loads it and prints the same hypotheses."""
+    (lnexp's --user-dir, same beam/lenpen/batches) loads it and prints the same hypotheses."""
     import torch
 
     from lnexp.fairseq_adapter import load_checkpoint_state
 
-    r = evaluate(capsys, tiny_run, "--checkpoint", "avg2", "--beam", "3", "--lenpen", "1.2")
+    r = evaluate(capsys, tiny_run, "--checkpoint", "avg2", "--beam", "3", "--lenpen", "1.2",
+                 "--batch-size", "16")  # 3 batches: the length limit depends on the batch
     avg = load_checkpoint_state(Path(r["checkpoint_path"]))["model"]
     one, two = (load_checkpoint_state(tiny_run / "checkpoints" / f"checkpoint{e}.pt")["model"]
                 for e in (1, 2))
     key = "encoder.layers.0.fc1.weight"
     assert not torch.equal(one[key], two[key])
     assert torch.allclose(avg[key], (one[key] + two[key]) / 2)
-    assert "--beam 3 --lenpen 1.2" in r["fairseq_command"] and "--user-dir" in r["fairseq_command"]
+    assert "--beam 3 --lenpen 1.2" in r["fairseq_command"] and "--batch-size 16" in r["fairseq_command"]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(REPO)}
     proc = subprocess.run(["bash", "-o", "pipefail", "-c", r["fairseq_command"]], capture_output=True,

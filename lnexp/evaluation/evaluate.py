@@ -72,9 +72,10 @@ def fairseq_command(data_dir: str, ckpt: Path, split: str, raw: bool, data, beam
 def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     import sacrebleu
 
+    from lnexp import fairseq_adapter as fa
     from lnexp.evaluation import checkpoints
     from lnexp.evaluation.inputs import prepare_test_set
-    from lnexp.train.evaluate import BleuScorer
+    from lnexp.train.evaluate import BleuScorer, generate
     from lnexp.train.runlog import write_atomic, write_json
 
     beam, lenpen, batch, device = decoding(run, args)
@@ -88,7 +89,8 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     model, task = checkpoints.load(ckpt, data.bin_dir, device, "raw" if raw else None)
     task.load_dataset(split, combine=False, epoch=1)
     scorer = BleuScorer(task, data, beam, lenpen, batch, 0, split)
-    hyps_tok = scorer.translate(model, device)
+    hyps_tok = generate(task, model, split, device, beam, lenpen, batch, scorer.decode,
+                        range(scorer.n), fa.generate_batches(task, split, model, batch))
     score, hyps = scorer.score_translations(hyps_tok)
     chrf = sacrebleu.metrics.CHRF()
     chrf_score = chrf.corpus_score(hyps, [scorer.refs]).score

@@ -88,17 +88,20 @@ class BleuScorer:
 
 
 def generate(task, model, split: str, device: str, beam: int, lenpen: float, max_sentences: int,
-             decode, ids) -> list[str]:
+             decode, ids, batches=None) -> list[str]:
     """Beam-search translations of the examples ``ids`` of a split, in that order, decoded from
-    subword pieces by ``decode``; an example fairseq could not batch gets an empty line."""
+    subword pieces by ``decode``; an example fairseq could not batch gets an empty line.
+    ``batches``: how to group them (default: length-sorted batches of ``max_sentences``)."""
     model.eval()
     generator = fa.sequence_generator(task, model, beam, lenpen)
     tgt_dict = task.target_dictionary
     ids = list(ids)
+    if batches is None:
+        batches = fa.batch_iterator(task, split, max_tokens=1 << 30, max_sentences=max_sentences,
+                                    ids=ids)
     hyps: dict[int, str] = {}
     with torch.no_grad():
-        for sample in fa.batch_iterator(task, split, max_tokens=1 << 30,
-                                        max_sentences=max_sentences, ids=ids):
+        for sample in batches:
             sample = fa.move_to(sample, device)
             for sid, out in zip(sample["id"].tolist(), task.inference_step(
                     generator, [model], sample), strict=True):
