@@ -201,19 +201,20 @@ def test_plot_marks_diverged_runs_and_names_what_differs(tmp_path, capsys):
              diverged={"reason": "plateau", "update": 260, "epoch": 2})
     fake_run(root, "pre_w0", "x", placement="pre_ln", warmup=0, valid=(8.0, 7.0))
     fake_run(root, "post_w100", "x", warmup=100, valid=(8.5, 7.5))
+    (root / "post_w0").rename(root / "warmup=0")  # run folders are named by their overrides
     runs = collect_runs(root)
     assert legend_keys(runs) == ["placement.name", "warmup"]
     assert [label(r, legend_keys(runs)) for r in runs] == [
-        "placement=post_ln, warmup=0 [diverged]", "placement=post_ln, warmup=100",
-        "placement=pre_ln, warmup=0"]
-    rc, out, err = lnexp(capsys, "plot", str(root / "post_w0"), str(root / "pre_w0"), "--x", "updates",
+        "placement=post_ln, warmup=100", "placement=pre_ln, warmup=0",
+        "placement=post_ln, warmup=0 [diverged]"]
+    rc, out, err = lnexp(capsys, "plot", str(root / "warmup=0"), str(root / "pre_w0"), "--x", "updates",
                          "--out", str(tmp_path / "fig" / "cmp.png"))
     assert rc == 0, err
     for ext in ("png", "pdf", "csv"):
         assert (tmp_path / "fig" / f"cmp.{ext}").stat().st_size > 0
     rows = (tmp_path / "fig" / "cmp.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 2 * 2  # 2 runs x 2 metrics x 2 epochs
-    assert "placement=post_ln [diverged]" in rows[1]
+    assert sum("placement=post_ln [diverged]" in r for r in rows) == 4
     rc, _, err = lnexp(capsys, "plot", "--runs-root", str(root), "warmup=100", "--metric", "valid_blue",
                        "--out", str(tmp_path / "f"))
     assert rc == 2 and "no run logged 'valid_blue'" in err

@@ -23,14 +23,16 @@ X_KEYS = {"epoch": ("epoch", "epoch"), "updates": ("updates", "updates"),
           "wall": ("wall_s", "wall-clock (s)")}
 # config keys that never tell two runs apart in a legend (paths, machine settings)
 NOISE = ("runs_root", "threads", "device", "dataset.dir", "eval.max_sentences", "track_norms",
-         "track_every", "checkpoint", "save_interval_updates", "hydra")
+         "track_every", "checkpoint", "scale.keep_last_epochs", "save_interval_updates", "hydra")
 UNFINISHED = ("failed", "running", "interrupted", "pending")
 
 
 def legend_keys(runs: list[Run]) -> list[str]:
-    """Leaf config keys whose values differ between the runs (all of them, or none)."""
-    leaves = sorted({k for r in runs for k in dotted_keys(r.config)
-                     if not isinstance(r.get(k), dict) and not k.startswith(NOISE)})
+    """Leaf config keys whose values differ between the runs. Keys that some runs lack (configs
+    of older lnexp versions) are left out: their absence is not a difference of the experiment."""
+    common = set.intersection(*(set(dotted_keys(r.config)) for r in runs)) if runs else set()
+    leaves = sorted(k for k in common
+                    if not isinstance(runs[0].get(k), dict) and not k.startswith(NOISE))
     return [k for k in leaves if len({repr(r.get(k)) for r in runs}) > 1]
 
 
@@ -91,8 +93,9 @@ def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
         if x != "wall":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles, labels = axes[0][0].get_legend_handles_labels()
+    wide = len(runs) > 6 or max(len(s) for s in labels) > 40
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0),
-               ncol=1 if len(runs) > 6 else min(len(runs), 3))
+               ncol=1 if wide else min(len(runs), 3))
     fig.tight_layout()
     note = "x: diverged; dashed: did not finish" if any(
         r.diverged or r.state in UNFINISHED for r in runs) else None
@@ -112,8 +115,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--x", default="epoch", choices=tuple(X_KEYS))
     ap.add_argument("--out", required=True, type=Path, help="FILE: writes FILE.png, FILE.pdf, FILE.csv")
     args = ap.parse_args(argv)
-    filters = parse_filters([a for a in args.items if "=" in a])
-    paths = [Path(a) for a in args.items if "=" not in a]
+    # run folders are named by their overrides (``lr=1e-3,warmup=0``): a folder is never a filter
+    is_path = {a: Path(a).is_dir() or "=" not in a for a in args.items}
+    filters = parse_filters([a for a in args.items if not is_path[a]])
+    paths = [Path(a) for a in args.items if is_path[a]]
     metrics = [m.strip() for m in args.metric.split(",") if m.strip()]
     if not metrics:
         raise UserError("--metric is empty: e.g. --metric valid_loss,valid_bleu")
