@@ -78,8 +78,9 @@ def main(argv: list[str]) -> int:
         print(f"{run.dir.name}: {src}->{run.data.tgt}, checkpoint {args.checkpoint}, beam {beam}; "
               "Ctrl-D to stop", file=sys.stderr)
         while True:
+            print(f"{src}> ", end="", file=sys.stderr, flush=True)  # stdout: translations only
             try:
-                line = input(f"{src}> ")
+                line = input()
             except EOFError:
                 print(file=sys.stderr)
                 return 0
