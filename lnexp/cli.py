@@ -3,6 +3,9 @@
     lnexp train [hydra overrides]          one run, or a sweep with -m
     lnexp prepare {multi30k,iwslt14,wmt14} prepare a corpus offline
     lnexp results [filters] [--csv]        table of runs
+    lnexp evaluate RUN ... [--split test]  test-set BLEU (sacreBLEU, chrF) of trained runs
+    lnexp translate RUN                    stdin sentences -> translations on stdout
+    lnexp plot RUN ... --out FILE          any runs' curves in one figure
     lnexp figure {fig2,fig3,fig4,theory,report}
 """
 
@@ -14,13 +17,16 @@ COMMANDS = {
     "train": ("lnexp.train.run", "one training run (Hydra overrides; -m for a sweep)"),
     "prepare": ("lnexp.data.cli", "prepare multi30k, iwslt14 or wmt14 offline"),
     "results": ("lnexp.results", "list runs and their best scores (--csv to export)"),
+    "evaluate": ("lnexp.evaluation.evaluate", "test-set BLEU/chrF of runs (best, last or avgN)"),
+    "translate": ("lnexp.evaluation.translate", "translate stdin with a run's model"),
+    "plot": ("lnexp.figures.plot", "any runs' curves in one figure (PNG and PDF)"),
     "figure": ("lnexp.figures.cli", "draw a paper figure from finished runs"),
 }
 
 
 def usage() -> str:
     lines = ["usage: lnexp COMMAND [ARGS]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<9} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Examples:", "  lnexp train placement=pre_ln warmup=0",
               "  lnexp train -m placement=post_ln,pre_ln warmup=0,4000",
               "  lnexp train --help   (every config group and option)"]

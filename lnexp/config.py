@@ -241,6 +241,10 @@ def validate(cfg: DictConfig) -> None:
         low = 0 if key == "subset" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ConfigError(f"eval.{key}={value!r} must be a whole number >= {low}")
+    keep = cfg.checkpoint.keep_last_epochs
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigError(f"checkpoint.keep_last_epochs={keep!r} must be a whole number >= 0 "
+                          "(0 keeps no epoch checkpoints)")
     log_interval = cfg.get("log_interval", 1)
     if isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 1:
         raise ConfigError(f"log_interval={log_interval!r} must be a whole number of updates >= 1")

@@ -256,9 +256,27 @@ def batch_iterator(task, split: str, max_tokens: int = 8192, max_sentences: int 
         yield ds.collater([ds[j] for j in batch])
 
 
-def sequence_generator(task, model, beam: int, lenpen: float, max_len_a: float = 1.2,
-                       max_len_b: int = 10):
-    """Hypotheses up to 1.2 x source + 10 tokens: untrained models stop early instead of at 200."""
+def generate_batches(task, split: str, model, max_sentences: int):
+    """Batches of a split exactly as fairseq-generate forms them (its defaults: sorted by source
+    then target length, --required-batch-size-multiple 8, no shuffling). The length limit of a
+    hypothesis depends on the longest source in its batch, so reproducing fairseq-generate's
+    output needs its batches."""
+    from fairseq import utils
+
+    return task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=None, max_sentences=max_sentences,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=False, required_batch_size_multiple=8, seed=1,
+    ).next_epoch_itr(shuffle=False)
+
+
+# Hypotheses up to 1.2 x source + 10 tokens: untrained models stop early instead of at 200.
+MAX_LEN_A, MAX_LEN_B = 1.2, 10
+
+
+def sequence_generator(task, model, beam: int, lenpen: float, max_len_a: float = MAX_LEN_A,
+                       max_len_b: int = MAX_LEN_B):
+    """fairseq's beam search with fairseq-generate's defaults except the length limit above."""
     from fairseq.dataclass.configs import GenerationConfig
 
     gen = GenerationConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b)
@@ -391,6 +409,66 @@ def load_checkpoint_state(path: Path) -> dict:
     allow_fairseq_checkpoint_globals()
     with open(path, "rb") as f:
         return torch.load(f, map_location="cpu", weights_only=True)
+
+
+def average_checkpoints(paths: list[Path], arg_overrides: dict[str, Any] | None = None) -> dict:
+    """fairseq's ``scripts/average_checkpoints.py`` (not in the wheel), same semantics: the state of
+    the first file with every model tensor replaced by the mean over the files (half tensors
+    summed in fp32; integer tensors floor-divided)."""
+    import collections
+
+    import torch
+    from fairseq import checkpoint_utils
+
+    allow_fairseq_checkpoint_globals()
+    new_state, sums, keys = None, collections.OrderedDict(), None
+    for path in paths:
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides)
+        new_state = new_state or state
+        if keys is None:
+            keys = list(state["model"])
+        elif keys != list(state["model"]):
+            raise KeyError(f"{path} holds other parameters than {paths[0]}: cannot average them")
+        for k in keys:
+            p = state["model"][k]
+            p = p.float() if p.dtype == torch.float16 else p
+            sums[k] = p.clone() if k not in sums else sums[k] + p
+    for v in sums.values():
+        if v.is_floating_point():
+            v.div_(len(paths))
+        else:
+            v //= len(paths)
+    new_state["model"] = sums
+    return new_state
+
+
+def load_for_inference(path: Path, data_dir: str | Path, dataset_impl: str | None = None,
+                       state: dict | None = None):
+    """(model, task) of a checkpoint as fairseq-generate loads it, reading data from ``data_dir``
+    (``dataset_impl='raw'``: plain subword text files); ``state``: an already loaded (averaged) one."""
+    from fairseq import checkpoint_utils
+
+    import lnexp.model  # noqa: F401  (registers ln_transformer)
+    import lnexp.optim  # noqa: F401  (radam and lnexp's schedules, named in the checkpoint's config)
+
+    allow_fairseq_checkpoint_globals()
+    overrides: dict[str, Any] = {"data": str(data_dir)}
+    if dataset_impl:
+        overrides["dataset_impl"] = dataset_impl
+    if state is not None:
+        from fairseq.dataclass.utils import overwrite_args_by_name
+
+        overwrite_args_by_name(state["cfg"], overrides)
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides=overrides, state=state)
+    return models[0], task
+
+
+def add_inference_split(task, name: str, lines: list[str]) -> None:
+    """Register subword-encoded source ``lines`` as split ``name`` of ``task`` (no targets)."""
+    tokens = [task.source_dictionary.encode_line(line, add_if_not_exist=False).long()
+              for line in lines]
+    task.datasets[name] = task.build_dataset_for_inference(tokens, [t.numel() for t in tokens])
 
 
 # --- measurement objects (lnexp.probes, lnexp.figures.fig3/theory) ------------------------------

@@ -6,7 +6,9 @@ A run is a directory holding ``.hydra/config.yaml`` or ``status.json`` (what ``l
 Its configuration comes from ``run.json`` (resolved) or else Hydra's ``.hydra/config.yaml``; its
 state from ``status.json``; its curves from ``metrics.jsonl``. Filters match table columns
 (``placement=post_ln status=diverged experiment=fig2_mini``) or dotted config keys
-(``dataset.name=multi30k``); numbers compare as numbers (``lr=1e-3`` matches ``lr=0.001``).
+(``dataset.name=multi30k``); numbers compare as numbers (``lr=1e-3`` matches ``lr=0.001``); a key
+that is neither is an error. ``test_bleu`` is the latest ``lnexp evaluate`` of the test split
+(``RUN/eval/``), with the checkpoint it used.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser, UserError
+from lnexp.evaluation import records
 from lnexp.train.runlog import effective_status, read_metrics
 
-COLUMNS = ("run", "experiment", "placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed",
-           "epochs", "max_epoch", "updates", "best_valid_loss", "best_bleu", "status", "diverged_update",
+COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
+           "lr", "warmup", "schedule", "depth", "params", "seed", "epochs", "max_epoch", "updates",
+           "best_valid_loss", "best_bleu", "test_bleu", "test_checkpoint", "status", "diverged_update",
            "diverged_reason")
 # "interrupted": status.json says running (or interrupted) but its process is gone (Ctrl-C, SIGKILL,
 # OOM, a dead node: runlog.effective_status); re-running the same command resumes it.
@@ -42,6 +46,8 @@ class Run:
     status: dict[str, Any]
     metrics: list[dict[str, Any]]
     overrides: list[str] = field(default_factory=list)
+    params: int | None = None  # parameters of the model (run.json)
+    test: dict[str, Any] | None = None  # the latest `lnexp evaluate` record of the test split
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.config
@@ -59,6 +65,14 @@ class Run:
         return ""
 
     @property
+    def scale(self) -> str | None:
+        """mini or paper (older runs: told by the architecture)."""
+        name = self.get("scale.name")
+        if name is None and self.get("scale.arch") is not None:
+            return "mini" if self.get("scale.arch") == "ln_transformer_mini" else "paper"
+        return name
+
+    @property
     def state(self) -> str:
         return str(effective_status(self.status).get("status") or "pending")
 
@@ -74,15 +88,19 @@ class Run:
         bleu = [v for v in self.series("valid_bleu") if math.isfinite(v)]
         div = self.diverged or {}
         enc, dec = self.get("depth.encoder_layers"), self.get("depth.decoder_layers")
+        test = self.test or {}
         return {
-            "run": self.name, "experiment": self.experiment,
-            "placement": self.get("placement.name"), "optimizer": self.get("optimizer.name"),
+            "run": self.name, "experiment": self.experiment, "dataset": self.get("dataset.name"),
+            "scale": self.scale, "placement": self.get("placement.name"), "norm": self.get("norm"),
+            "residual_scale": self.get("residual_scale"), "optimizer": self.get("optimizer.name"),
             "lr": self.get("lr"), "warmup": self.get("warmup"), "schedule": self.get("schedule.name"),
-            "depth": f"{enc}+{dec}" if enc is not None else None, "seed": self.get("seed"),
+            "depth": f"{enc}+{dec}" if enc is not None else None, "params": self.params,
+            "seed": self.get("seed"),
             "epochs": len(self.metrics), "max_epoch": self.get("max_epoch"),
             "updates": max(int(self.status.get("updates") or 0),
                            int(self.metrics[-1]["updates"]) if self.metrics else 0),
             "best_valid_loss": min(valid) if valid else None, "best_bleu": max(bleu) if bleu else None,
+            "test_bleu": test.get("bleu"), "test_checkpoint": test.get("checkpoint"),
             "status": self.state, "diverged_update": div.get("update"),
             "diverged_reason": div.get("reason"),
         }
@@ -112,12 +130,13 @@ def _read_yaml(path: Path) -> Any:
 
 def load_run(run_dir: Path, root: Path | None = None) -> Run:
     run_dir = Path(run_dir)
-    config = (_read_json(run_dir / "run.json", {}) or {}).get("config") \
-        or _read_yaml(run_dir / ".hydra" / "config.yaml") or {}
+    meta = _read_json(run_dir / "run.json", {}) or {}
+    config = meta.get("config") or _read_yaml(run_dir / ".hydra" / "config.yaml") or {}
     overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml") or []
     name = str(run_dir.relative_to(root)) if root is not None else run_dir.name
     return Run(run_dir, name, config, _read_json(run_dir / "status.json", {}) or {},
-               read_metrics(run_dir / "metrics.jsonl"), [str(o) for o in overrides])
+               read_metrics(run_dir / "metrics.jsonl"), [str(o) for o in overrides],
+               meta.get("params"), records.latest(run_dir, "test"))
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -148,6 +167,7 @@ def collect_runs(root: Path | str = "runs", **filters: Any) -> list[Run]:
     """Every run under ``root`` that matches ``filters`` (column or dotted config key -> value)."""
     root = Path(root)
     runs = [load_run(d, root) for d in find_run_dirs(root)]
+    check_filter_keys(runs, filters)
     out = []
     for run in runs:
         row = run.row()
@@ -164,6 +184,32 @@ def collect_runs(root: Path | str = "runs", **filters: Any) -> list[Run]:
 
 
 _MISSING = object()
+
+
+def check_filter_keys(runs: list[Run], filters: dict[str, Any]) -> None:
+    """A key that is neither a column nor a config key of any run is a typo: say so."""
+    import difflib
+
+    for key in filters:
+        key = key.replace("__", ".")
+        if key in COLUMNS or not runs or any(r.get(key, _MISSING) is not _MISSING for r in runs):
+            continue
+        known = [*COLUMNS, *sorted({k for r in runs for k in dotted_keys(r.config)})]
+        near = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {near[0]}? " if near else ""
+        raise UserError(f"unknown filter key {key!r}: {hint}use a column ({', '.join(COLUMNS[1:-1])}) "
+                        "or a dotted config key (e.g. dataset.name)")
+
+
+def dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every key of a nested config as a dotted path: ``dataset``, ``dataset.name``, ..."""
+    if not isinstance(node, dict):
+        return []
+    keys = []
+    for k, v in node.items():
+        keys.append(prefix + str(k))
+        keys += dotted_keys(v, f"{prefix}{k}.")
+    return keys
 
 
 def parse_filters(items: list[str]) -> dict[str, str]:
@@ -188,13 +234,21 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _count(n: Any) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f}M" if n >= 1e5 else str(n)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = [c for c in COLUMNS if c not in ("diverged_reason", "max_epoch")]
-    head = {"best_valid_loss": "best_valid", "diverged_update": "div_update"}
+    cols = [c for c in COLUMNS if c not in ("diverged_reason", "max_epoch", "test_checkpoint")]
+    head = {"best_valid_loss": "best_valid", "diverged_update": "div_update", "residual_scale": "dt",
+            "test_bleu": "test_bleu(ckpt)"}
     cells = [[head.get(c, c) for c in cols]]
     for r in rows:
         cell = [_fmt(r[c]) for c in cols]
         cell[cols.index("epochs")] = f"{r['epochs']}/{_fmt(r['max_epoch'])}"
+        cell[cols.index("params")] = _count(r["params"])
+        if r["test_bleu"] is not None:
+            cell[cols.index("test_bleu")] = f"{r['test_bleu']:.2f}({r['test_checkpoint']})"
         cells.append(cell)
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
@@ -212,7 +266,8 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str]) -> int:
     ap = ArgumentParser(prog="lnexp results", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="losses in bits/token; best_bleu: sacreBLEU on the validation set")
+                                 epilog="losses in bits/token; best_bleu: sacreBLEU on the validation set; "
+                                        "test_bleu: lnexp evaluate's latest on the test split")
     ap.add_argument("filters", nargs="*", help="KEY=VALUE, e.g. placement=post_ln warmup=0 status=diverged")
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (default: runs)")
     ap.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",

@@ -27,6 +27,7 @@ SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "di
     ("learning_rate=1e-3", "Could not override 'learning_rate'"),
     ("dataset.dir=/nonexistent/multi30k", "lacks train.de.gz"),
     ("dataset=wmt14_en_de", "lnexp prepare wmt14"),
+    ("checkpoint.keep_last_epochs=-1", "must be a whole number >= 0"),
 ])
 def test_bad_overrides_one_line_exit_2(tmp_path, override, needle):
     proc = lnexp_cmd("train", override, f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "c",

@@ -220,6 +220,13 @@ def _check_aligned(release, a: str, b: str, sides: dict[str, list[str]], what: s
 # --- the text stage -----------------------------------------------------------------------------
 
 
+def eval_text(lines: list[str], lang: str, label: str = "iwslt14: tokenising") -> list[str]:
+    """Evaluation segments (tags already stripped) -> the text level of ``text/``: ``’`` -> ``'``,
+    tokenise, lowercase. Used for the test sets here and for any raw test set (lnexp evaluate)."""
+    segs = [line.replace("’", "'") for line in lines]
+    return [t.lower() for t in moses.run(segs, ("tokenize",), lang, label, total=len(segs))]
+
+
 def split_valid(pairs: list[tuple[str, str]]) -> tuple[list, list]:
     """awk 'NR%23 == 0' -> valid, the rest -> train."""
     valid = [p for i, p in enumerate(pairs, 1) if i % VALID_EVERY == 0]
@@ -244,9 +251,7 @@ def make_text(raw: RawText, out: Path, label: str = "") -> None:
     test: dict[str, list[str]] = {lang: [] for lang in LANGS}
     for stem in EVAL_SETS:
         for lang in LANGS:
-            segs = raw.evals[stem][lang]
-            test[lang] += [t.lower() for t in moses.run(segs, ("tokenize",), lang,
-                                                        f"iwslt14: tokenising {stem}.{lang}")]
+            test[lang] += eval_text(raw.evals[stem][lang], lang, f"iwslt14: tokenising {stem}.{lang}")
     for split, rows in (("train", train), ("valid", valid)):
         for i, lang in enumerate(LANGS):
             write_lines(out / f"{split}.{lang}", [row[i] for row in rows])

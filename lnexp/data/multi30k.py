@@ -20,6 +20,11 @@ def default_dir() -> Path:
     return (Path(__file__).parent / "multi30k_corpus").resolve()
 
 
+def eval_text(lines: list[str], lang: str) -> list[str]:
+    """Raw sentences -> the text level of ``text/`` (every split, so any raw test set too)."""
+    return [x.strip() for x in lines]
+
+
 def prepare(raw_dir: Path | None = None, src: str = "de", tgt: str = "en",
             subword: str = "sentencepiece", vocab_size: int = 8000,
             root: Path | None = None) -> PreparedData:
@@ -29,8 +34,8 @@ def prepare(raw_dir: Path | None = None, src: str = "de", tgt: str = "en",
     def make_text(out: Path) -> None:
         for split, stem in FILES.items():
             s, t = read_parallel(raw_dir / f"{stem}.{src}.gz", raw_dir / f"{stem}.{tgt}.gz")
-            write_lines(out / f"{split}.{src}", [x.strip() for x in s])
-            write_lines(out / f"{split}.{tgt}", [x.strip() for x in t])
+            write_lines(out / f"{split}.{src}", eval_text(s, src))
+            write_lines(out / f"{split}.{tgt}", eval_text(t, tgt))
 
     return build_from_text(f"multi30k_{src}_{tgt}", src, tgt, make_text, inputs,
                            {"raw": "strip"}, subword, vocab_size, tokenized=False, root=root)

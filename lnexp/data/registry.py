@@ -72,3 +72,14 @@ def load_for_training(dataset) -> PreparedData:
                                     subword=dataset.subword, vocab_size=int(dataset.vocab_size),
                                     root=root)
     return _find_prepared(dataset)
+
+
+def eval_text(corpus: str, lines: list[str], lang: str) -> list[str]:
+    """Raw sentences -> the text level the corpus's ``text/`` holds (normalisation, tokenisation,
+    lowercasing as its preparation does), so a raw test set is prepared exactly as its own."""
+    import importlib
+
+    modules = {"multi30k": "multi30k", "iwslt14": "iwslt14", "wmt14": "wmt14"}
+    if corpus not in modules:
+        raise DataError(f"unknown corpus {corpus!r}: use dataset=multi30k, iwslt14_de_en or wmt14_en_de")
+    return importlib.import_module(f"lnexp.data.{modules[corpus]}").eval_text(lines, lang)

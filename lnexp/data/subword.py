@@ -62,19 +62,29 @@ def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str],
         raise DataError(f"{train[0].parent}: the training text is too small for a {vocab_size}-piece "
                         f"sentencepiece vocabulary (at most {most.group(2)}): pass a smaller "
                         "--vocab-size") from None
-    sp = spm.SentencePieceProcessor(model_file=str(out / SPM_MODEL))
-    return lambda line: " ".join(sp.encode(line, out_type=str))
+    return piece_encoder("sentencepiece", out / SPM_MODEL)
 
 
 def _train_bpe(train: list[Path], out: Path, merges: int) -> Callable[[str], str]:
     """subword-nmt learn_bpe on the concatenated sides, as prepare-iwslt14.sh does."""
-    from subword_nmt.apply_bpe import BPE
     from subword_nmt.learn_bpe import learn_bpe
 
     joint = [line for p in train for line in read_lines(p)]
     with open(out / BPE_CODES, "w", encoding="utf-8") as codes:
         learn_bpe(joint, codes, merges, min_frequency=2)
-    with open(out / BPE_CODES, encoding="utf-8") as codes:
+    return piece_encoder("subword_nmt", out / BPE_CODES)
+
+
+def piece_encoder(kind: str, model: Path) -> Callable[[str], str]:
+    """Text at the level of ``text/`` -> a line of subword pieces (the model learned on train)."""
+    if kind == "sentencepiece":
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        return lambda line: " ".join(sp.encode(line, out_type=str))
+    from subword_nmt.apply_bpe import BPE
+
+    with open(model, encoding="utf-8") as codes:
         bpe = BPE(codes)
     return lambda line: bpe.process_line(line).strip()
 

@@ -200,9 +200,14 @@ def make_text(layout: Layout, limit: int | None, out: Path) -> None:
     if not kept:
         raise DataError(f"{layout.train[CORPORA[0], SRC]}: no training pair is left after cleaning")
     for key, segs in eval_segments(layout).items():
-        lang = key.split(".")[1]
-        write_lines(out / key, list(moses.run(segs, EVAL_STEPS, lang, f"wmt14: tokenising {key}",
-                                              total=len(segs))))
+        write_lines(out / key, eval_text(segs, key.split(".")[1], f"wmt14: tokenising {key}"))
+
+
+def eval_text(lines: list[str], lang: str, label: str = "wmt14: tokenising") -> list[str]:
+    """Evaluation segments (tags already stripped) -> the text level of ``text/``: ``’`` -> ``'``,
+    ``tokenizer.perl -a`` (no punctuation normalisation, as the reference's test set)."""
+    segs = [line.replace("’", "'") for line in lines]
+    return list(moses.run(segs, EVAL_STEPS, lang, label, total=len(segs)))
 
 
 def text_settings(limit: int | None) -> dict:

@@ -8,6 +8,7 @@ well (``bleu_tok``: sacreBLEU with ``tokenize='none'`` on the tokenised text, i.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,45 +59,63 @@ class BleuScorer:
         self.n = min(subset, len(refs)) if subset else len(refs)
         self.refs_tok = refs[: self.n]
         self.decode = data.decoder()
-        self._detok = _moses_detokenizer(data.tgt) if data.tokenized else None
+        self._detok = detokenizer(data)
         self.refs = [self.detok(r) for r in self.refs_tok]
 
     def detok(self, text: str) -> str:
-        return self._detok(text) if self._detok else text
+        return self._detok(text)
 
     def translate(self, model, device: str) -> list[str]:
-        task = self.task
-        model.eval()
-        generator = fa.sequence_generator(task, model, self.beam, self.lenpen)
-        tgt_dict = task.target_dictionary
-        hyps: dict[int, str] = {}
-        with torch.no_grad():
-            for sample in fa.batch_iterator(task, self.split, max_tokens=1 << 30,
-                                            max_sentences=self.max_sentences, ids=range(self.n)):
-                sample = fa.move_to(sample, device)
-                for sid, out in zip(sample["id"].tolist(), task.inference_step(
-                        generator, [model], sample), strict=True):
-                    pieces = tgt_dict.string(out[0]["tokens"].int().cpu())
-                    hyps[sid] = self.decode(pieces)
-        return [hyps.get(i, "") for i in range(self.n)]
+        return generate(self.task, model, self.split, device, self.beam, self.lenpen,
+                        self.max_sentences, self.decode, range(self.n))
 
     def score(self, model, device: str, hyps_path: Path | None = None) -> Validation:
+        v, hyps = self.score_translations(self.translate(model, device))
+        if hyps_path is not None:
+            write_lines(hyps_path, hyps)
+        return v
+
+    def score_translations(self, hyps_tok: list[str]) -> tuple[Validation, list[str]]:
+        """BLEU (and bleu_tok) of translations at the text level; returns them detokenised too."""
         import sacrebleu
 
-        hyps_tok = self.translate(model, device)
         hyps = [self.detok(h) for h in hyps_tok]
         bleu = sacrebleu.metrics.BLEU()
         result = bleu.corpus_score(hyps, [self.refs])
         v = Validation(math.nan, math.nan, result.score, signature=str(bleu.get_signature()))
         if self.data.tokenized:
             v.bleu_tok = sacrebleu.corpus_bleu(hyps_tok, [self.refs_tok], tokenize="none").score
-        if hyps_path is not None:
-            write_lines(hyps_path, hyps)
-        return v
+        return v, hyps
 
 
-def _moses_detokenizer(lang: str):
+def generate(task, model, split: str, device: str, beam: int, lenpen: float, max_sentences: int,
+             decode, ids, batches=None) -> list[str]:
+    """Beam-search translations of the examples ``ids`` of a split, in that order, decoded from
+    subword pieces by ``decode``; an example fairseq could not batch gets an empty line.
+    ``batches``: how to group them (default: length-sorted batches of ``max_sentences``)."""
+    model.eval()
+    generator = fa.sequence_generator(task, model, beam, lenpen)
+    tgt_dict = task.target_dictionary
+    ids = list(ids)
+    if batches is None:
+        batches = fa.batch_iterator(task, split, max_tokens=1 << 30, max_sentences=max_sentences,
+                                    ids=ids)
+    hyps: dict[int, str] = {}
+    with torch.no_grad():
+        for sample in batches:
+            sample = fa.move_to(sample, device)
+            for sid, out in zip(sample["id"].tolist(), task.inference_step(
+                    generator, [model], sample), strict=True):
+                pieces = tgt_dict.string(out[0]["tokens"].int().cpu())
+                hyps[sid] = decode(pieces)
+    return [hyps.get(i, "") for i in ids]
+
+
+def detokenizer(data: PreparedData) -> Callable[[str], str]:
+    """The text level of ``text_dir`` -> plain text: Moses detokenisation for tokenised corpora."""
+    if not data.tokenized:
+        return lambda text: text
     from sacremoses import MosesDetokenizer
 
-    md = MosesDetokenizer(lang=lang)
+    md = MosesDetokenizer(lang=data.tgt)
     return lambda text: md.detokenize(text.split())

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from lnexp import fairseq_adapter as fa
 from lnexp.train import progress, settings
 from lnexp.train.divergence import PlateauRule, non_finite, unigram_entropy_bits
+from lnexp.train.epoch_checkpoints import keep_epoch
 from lnexp.train.evaluate import BleuScorer, validation_loss
 from lnexp.train.runlog import RunLog, read_json, write_json
 
@@ -200,6 +201,7 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
             save(end_of_epoch=True)
             if master:
                 _keep_best(paths["checkpoints"], history)
+                keep_epoch(paths["checkpoints"], epoch, int(cfg.checkpoint.keep_last_epochs))
             if state["diverged"] and (cfg.divergence.stop or not math.isfinite(record["valid_loss"])):
                 break
             if max_update and trainer.get_num_updates() >= max_update:

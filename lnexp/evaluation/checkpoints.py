@@ -1,0 +1,72 @@
+"""Which checkpoint of a run to decode with (``best``, ``last``, ``avgN``), loaded for inference.
+
+``avgN`` averages the last N epoch checkpoints (``checkpoint.keep_last_epochs``) with fairseq's
+``average_checkpoints`` semantics, and writes the average (model only, no optimizer state) to
+``RUN/eval/checkpoint_avgN.pt`` so that the printed fairseq command can load it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lnexp import fairseq_adapter as fa
+from lnexp.errors import UserError
+from lnexp.evaluation.records import EVAL_DIR
+from lnexp.train.epoch_checkpoints import epoch_checkpoints
+
+AVG = re.compile(r"avg(\d+)")
+
+
+@dataclass
+class Checkpoint:
+    label: str  # best | last | avgN
+    path: Path  # the file fairseq loads (for avgN: the written average)
+    averaged: list[Path] = field(default_factory=list)  # avgN: the epoch checkpoints, newest first
+
+
+def resolve(run_dir: Path, spec: str) -> Checkpoint:
+    """``spec`` -> the checkpoint files, or one line naming the fix."""
+    ckpt_dir = run_dir / "checkpoints"
+    if spec in ("best", "last"):
+        path = ckpt_dir / f"checkpoint_{spec}.pt"
+        if not path.is_file():
+            other = "last" if spec == "best" else "best"
+            hint = (f"; try --checkpoint {other}" if (ckpt_dir / f"checkpoint_{other}.pt").is_file()
+                    else ": train the run first (lnexp train ...)")
+            raise UserError(f"{run_dir} has no {path.name}{hint}")
+        return Checkpoint(spec, path)
+    m = AVG.fullmatch(spec)
+    if not m or int(m.group(1)) < 1:
+        raise UserError(f"--checkpoint {spec!r} is not best, last or avgN (e.g. avg5)")
+    n = int(m.group(1))
+    found = epoch_checkpoints(ckpt_dir)
+    if len(found) < n:
+        instead = f"avg{len(found)} or fewer, best or last" if found else "best or last"
+        raise UserError(f"--checkpoint avg{n} needs {n} epoch checkpoints but {ckpt_dir} has "
+                        f"{len(found)}: use {instead}, or train with checkpoint.keep_last_epochs={n}")
+    newest = [p for _, p in reversed(found)][:n]
+    return Checkpoint(spec, run_dir / EVAL_DIR / f"checkpoint_{spec}.pt", newest)
+
+
+def load(ckpt: Checkpoint, data_dir: str | Path, device: str, dataset_impl: str | None = None):
+    """(model, task) on ``device``; for avgN the average is computed and written first."""
+    state = None
+    if ckpt.averaged:
+        state = fa.average_checkpoints(ckpt.averaged, {"data": str(data_dir)})
+        state.pop("last_optimizer_state", None)
+        _save(state, ckpt.path)
+    model, task = fa.load_for_inference(ckpt.path, data_dir, dataset_impl, state)
+    if device == "cuda":
+        model = model.cuda()
+    return model.eval(), task
+
+
+def _save(state: dict, path: Path) -> None:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)

@@ -1,0 +1,91 @@
+"""``lnexp translate RUN``: raw sentences on stdin, one translation per line on stdout.
+
+    echo "Ein Mann fährt Fahrrad." | lnexp translate runs/RUN [--checkpoint best|last|avgN]
+
+The input is prepared as the run's training data was (the corpus's normalisation, tokenisation
+and lowercasing, the run's subword model and dictionary); the output is detokenised as
+``lnexp evaluate`` scores it. On a terminal it prompts for one sentence at a time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from lnexp.errors import UserError
+from lnexp.evaluation.evaluate import decoding, parser, quiet
+from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
+
+
+class Translator:
+    """A run's model with its input and output processing, for sentences in memory."""
+
+    def __init__(self, run: RunInfo, checkpoint: str, beam: int, lenpen: float, batch: int,
+                 device: str) -> None:
+        from lnexp.evaluation import checkpoints
+        from lnexp.evaluation.inputs import encoder
+        from lnexp.train.evaluate import detokenizer
+
+        self.run, self.beam, self.lenpen, self.batch, self.device = run, beam, lenpen, batch, device
+        self.model, self.task = checkpoints.load(checkpoints.resolve(run.dir, checkpoint),
+                                                 run.data.bin_dir, device)
+        self.encode, self.decode = encoder(run.data), run.data.decoder()
+        self.detok = detokenizer(run.data)
+
+    def __call__(self, lines: list[str]) -> list[str]:
+        from lnexp import fairseq_adapter as fa
+        from lnexp.evaluation.inputs import text_level
+        from lnexp.train.evaluate import generate
+
+        keep = [i for i, x in enumerate(lines) if x.strip()]
+        if not keep:
+            return ["" for _ in lines]
+        text = text_level(self.run, [lines[i] for i in keep], self.run.data.src)
+        fa.add_inference_split(self.task, "input", [self.encode(x) for x in text])
+        hyps = generate(self.task, self.model, "input", self.device, self.beam, self.lenpen,
+                        self.batch, self.decode, range(len(keep)))
+        out = ["" for _ in lines]
+        for i, h in zip(keep, hyps, strict=True):
+            out[i] = self.detok(h)
+        return out
+
+
+def _chunks(stream, size: int) -> Iterator[list[str]]:
+    buf: list[str] = []
+    for line in stream:
+        buf.append(line.rstrip("\r\n"))
+        if len(buf) == size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def main(argv: list[str]) -> int:
+    ap = parser("lnexp translate", __doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a run folder that lnexp train wrote")
+    args = ap.parse_args(argv)
+    dirs = run_folders([args.run])
+    if len(dirs) != 1:
+        raise UserError(f"{args.run} holds {len(dirs)} runs: pass one run folder")
+    quiet()
+    run = open_run(dirs[0])
+    beam, lenpen, batch, device = decoding(run, args)
+    translate = Translator(run, args.checkpoint, beam, lenpen, batch, device)
+    if sys.stdin.isatty():
+        src = run.data.src
+        print(f"{run.dir.name}: {src}->{run.data.tgt}, checkpoint {args.checkpoint}, beam {beam}; "
+              "Ctrl-D to stop", file=sys.stderr)
+        while True:
+            print(f"{src}> ", end="", file=sys.stderr, flush=True)  # stdout: translations only
+            try:
+                line = input()
+            except EOFError:
+                print(file=sys.stderr)
+                return 0
+            print(translate([line])[0], flush=True)
+    for chunk in _chunks(sys.stdin, batch):
+        sys.stdout.write("".join(h + "\n" for h in translate(chunk)))
+        sys.stdout.flush()
+    return 0

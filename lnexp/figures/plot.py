@@ -1,0 +1,139 @@
+"""``lnexp plot``: any runs' curves in one figure, one panel per metric.
+
+    lnexp plot [RUN ...] [KEY=VALUE ...] [--runs-root DIR] [--metric valid_loss,valid_bleu]
+               [--x epoch|updates|wall] --out FILE
+
+RUN is a run folder or a folder of runs (a sweep); without one, every run under --runs-root.
+KEY=VALUE filters as ``lnexp results`` does. The legend names each run by what differs between
+the runs' configs. A diverged run ends in a cross; a run that did not finish (failed, running,
+interrupted) is dashed. Writes FILE.png, FILE.pdf and FILE.csv (the plotted points).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from lnexp.errors import ArgumentParser, UserError
+from lnexp.results import Run, collect_runs, dotted_keys, parse_filters
+
+X_KEYS = {"epoch": ("epoch", "epoch"), "updates": ("updates", "updates"),
+          "wall": ("wall_s", "wall-clock (s)")}
+# config keys that never tell two runs apart in a legend (paths, machine settings)
+NOISE = ("runs_root", "threads", "device", "dataset.dir", "eval.max_sentences", "track_norms",
+         "track_every", "checkpoint", "scale.keep_last_epochs", "save_interval_updates", "hydra")
+UNFINISHED = ("failed", "running", "interrupted", "pending")
+
+
+def legend_keys(runs: list[Run]) -> list[str]:
+    """Leaf config keys whose values differ between the runs. Keys that some runs lack (configs
+    of older lnexp versions) are left out: their absence is not a difference of the experiment."""
+    common = set.intersection(*(set(dotted_keys(r.config)) for r in runs)) if runs else set()
+    leaves = sorted(k for k in common
+                    if not isinstance(runs[0].get(k), dict) and not k.startswith(NOISE))
+    return [k for k in leaves if len({repr(r.get(k)) for r in runs}) > 1]
+
+
+def label(run: Run, keys: list[str]) -> str:
+    parts = [f"{k.removesuffix('.name')}={_short(run.get(k))}" for k in keys]
+    text = ", ".join(parts) or run.name
+    return text + ("" if run.state == "done" else f" [{run.state}]")
+
+
+def _short(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def select(paths: list[Path], root: Path, filters: dict[str, str]) -> list[Run]:
+    if not paths:
+        return collect_runs(root, **filters)
+    runs: list[Run] = []
+    for p in paths:
+        if not p.is_dir():
+            raise UserError(f"no such folder: {p} (pass run folders or a sweep folder)")
+        if (p / "status.json").is_file() or (p / ".hydra" / "config.yaml").is_file():
+            found = [r for r in collect_runs(p.parent, **filters) if r.dir == p]
+        else:
+            found = collect_runs(p, **filters)
+        runs += found
+    return runs
+
+
+def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
+    from lnexp.figures import style
+    from lnexp.figures.outputs import write_csv
+
+    plt = style.setup()
+    xkey, xlabel = X_KEYS[x]
+    keys = legend_keys(runs)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.3), squeeze=False)
+    points = []
+    for i, run in enumerate(runs):
+        name = label(run, keys)
+        color = style.COLORS.get(str(run.get("placement.name"))) if len(
+            {r.get("placement.name") for r in runs}) == len(runs) else None
+        color = color or f"C{i % 10}"
+        xs = run.series(xkey)
+        for ax, metric in zip(axes[0], metrics, strict=True):
+            ys = run.series(metric)
+            ax.plot(xs, ys, color=color, marker="o", ms=3, label=name,
+                    ls="--" if run.state in UNFINISHED else "-")
+            finite = [(a, b) for a, b in zip(xs, ys, strict=True) if math.isfinite(b)]
+            if run.diverged and finite:
+                ax.plot(*finite[-1], marker="x", ms=9, mew=2, color=color)
+            points += [{"run": run.name, "label": name, "status": run.state, "metric": metric,
+                        "x": a, "y": b} for a, b in zip(xs, ys, strict=True)]
+    from matplotlib.ticker import MaxNLocator
+
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        unit = " (bits/token)" if metric.endswith("loss") else ""
+        ax.set(xlabel=xlabel, ylabel=metric + unit, title=metric)
+        if x != "wall":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    wide = len(runs) > 6 or max(len(s) for s in labels) > 40
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+               ncol=1 if wide else min(len(runs), 3))
+    fig.tight_layout()
+    note = "x: diverged; dashed: did not finish" if any(
+        r.diverged or r.state in UNFINISHED for r in runs) else None
+    paths = style.save(fig, out.parent, out.stem, note)
+    plt.close(fig)
+    write_csv(out.with_suffix(".csv"), ("run", "label", "status", "metric", "x", "y"), points)
+    return [*paths, out.with_suffix(".csv")]
+
+
+def main(argv: list[str]) -> int:
+    ap = ArgumentParser(prog="lnexp plot", description=__doc__.split("\n\n")[0])
+    ap.add_argument("items", nargs="*", help="run folders, sweep folders and KEY=VALUE filters")
+    ap.add_argument("--runs-root", default="runs", type=Path,
+                    help="where to look when no run folder is given (default: runs)")
+    ap.add_argument("--metric", default="valid_loss,valid_bleu",
+                    help="comma-separated metrics.jsonl fields, one panel each")
+    ap.add_argument("--x", default="epoch", choices=tuple(X_KEYS))
+    ap.add_argument("--out", required=True, type=Path, help="FILE: writes FILE.png, FILE.pdf, FILE.csv")
+    args = ap.parse_args(argv)
+    # run folders are named by their overrides (``lr=1e-3,warmup=0``): a folder is never a filter
+    is_path = {a: Path(a).is_dir() or "=" not in a for a in args.items}
+    filters = parse_filters([a for a in args.items if not is_path[a]])
+    paths = [Path(a) for a in args.items if is_path[a]]
+    metrics = [m.strip() for m in args.metric.split(",") if m.strip()]
+    if not metrics:
+        raise UserError("--metric is empty: e.g. --metric valid_loss,valid_bleu")
+    if not paths and not args.runs_root.is_dir():
+        raise UserError(f"no runs root {args.runs_root}: pass run folders or --runs-root")
+    runs = sorted(select(paths, args.runs_root, filters), key=lambda r: r.name)
+    runs = [r for r in runs if r.metrics]
+    if not runs:
+        raise UserError("no run with a finished epoch matches: check the folders and filters "
+                        "(lnexp results lists the runs)")
+    known = {k for r in runs for row in r.metrics for k in row}
+    for m in [*metrics, X_KEYS[args.x][0]]:
+        if m not in known:
+            raise UserError(f"no run logged {m!r}: use fields of metrics.jsonl, e.g. "
+                            f"{', '.join(sorted(k for k in known if k.startswith('valid_')))}")
+    out = args.out.with_suffix("") if args.out.suffix in (".png", ".pdf") else args.out
+    for p in draw(runs, metrics, args.x, out):
+        print(p)
+    return 0

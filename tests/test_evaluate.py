@@ -1,0 +1,231 @@
+"""lnexp evaluate / translate / plot and the fairseq plugin, on one real tiny run (2 epochs)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, lnexp_cmd
+from tests.test_figures_fig2_fig4 import fake_run
+
+# As tests/test_train.py's SMALL, but 2+2 layers and 6 updates an epoch at a low constant lr:
+# 2 epochs in seconds, and a barely trained model whose translations differ from sentence to
+# sentence (so that comparing two decoders' outputs means something).
+TINY = ["dataset.vocab_size=600", "scale.max_tokens=4000", "depth.encoder_layers=2",
+        "depth.decoder_layers=2", "lr=1e-4", "warmup=0", "schedule=constant", "eval.subset=5",
+        "divergence.plateau_epoch=99", "max_epoch=2", "checkpoint.keep_last_epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, small_multi30k) -> Path:
+    tmp = tmp_path_factory.mktemp("evalrun")
+    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={tmp / 'runs'}",
+              cache=tmp / "cache")
+    (run_dir,) = (tmp / "runs").iterdir()
+    return run_dir
+
+
+def lnexp(capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI in this process (torch stays imported between calls): (status, stdout, stderr)."""
+    from lnexp.cli import main
+
+    capsys.readouterr()
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def evaluate(capsys, run: Path, *args: str) -> dict:
+    rc, out, err = lnexp(capsys, "evaluate", str(run), "--json", *args)
+    assert rc == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def sacrebleu_cli(*args: str) -> float:
+    exe = str(Path(sys.executable).with_name("sacrebleu"))
+    proc = subprocess.run([exe, *args, "-b", "-w", "6"], capture_output=True, text=True, check=True)
+    return float(proc.stdout.strip())
+
+
+def test_epoch_checkpoints_are_kept(tiny_run):
+    names = sorted(p.name for p in (tiny_run / "checkpoints").iterdir())
+    assert names == ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+
+
+def test_keep_epoch_deletes_all_but_the_last_n(tmp_path):
+    from lnexp.train.epoch_checkpoints import epoch_checkpoints, keep_epoch
+
+    for epoch in range(1, 5):  # the loop replaces checkpoint_last.pt, never rewrites it in place
+        (tmp_path / "new.pt").write_text(f"epoch {epoch}")
+        (tmp_path / "new.pt").replace(tmp_path / "checkpoint_last.pt")
+        keep_epoch(tmp_path, epoch, keep=2)
+    assert [(e, p.read_text()) for e, p in epoch_checkpoints(tmp_path)] == [(3, "epoch 3"), (4, "epoch 4")]
+    keep_epoch(tmp_path, 5, keep=0)
+    assert len(epoch_checkpoints(tmp_path)) == 2
+
+
+def test_bleu_equals_sacrebleu_on_the_written_files(tiny_run, capsys):
+    r = evaluate(capsys, tiny_run, "--beam", "2")
+    for key in ("bleu", "signature", "hyps", "refs", "n", "fairseq_command", "chrf"):
+        assert r[key] is not None, key
+    assert r["n"] == 40 and r["set"] == "test" and r["checkpoint"] == "best"
+    assert len(Path(r["hyps"]).read_text().splitlines()) == 40
+    assert r["bleu"] == pytest.approx(sacrebleu_cli(r["refs"], "-i", r["hyps"]), abs=1e-6)
+    assert r["chrf"] == pytest.approx(sacrebleu_cli(r["refs"], "-i", r["hyps"], "-m", "chrf"), abs=1e-6)
+    assert r["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    record = Path(r["hyps"]).with_name("record.json")
+    assert json.loads(record.read_text()) == r
+
+
+def test_defaults_are_the_datasets_beam_and_lenpen(tiny_run, capsys):
+    rc, out, _ = lnexp(capsys, "evaluate", str(tiny_run), "--split", "valid", "--checkpoint", "last")
+    assert rc == 0
+    config = json.loads((tiny_run / "run.json").read_text())["config"]
+    assert (config["eval"]["beam"], config["dataset"]["beam"]) == (1, 5)  # mini trains greedy
+    first = out.splitlines()[0]
+    assert "valid (60 sentences), checkpoint last, beam 5, lenpen 1" in first
+    bleu_line = next(ln for ln in out.splitlines() if ln.strip().startswith("BLEU "))
+    record = json.loads((tiny_run / "eval" / "valid.last.beam5.lenpen1" / "record.json").read_text())
+    assert bleu_line.split()[1] == f"{record['bleu']:.2f}"
+
+
+def test_stock_fairseq_generate_reproduces_averaged_hypotheses(tiny_run, capsys):
+    """avg2 = fairseq's average of the two epoch checkpoints; the printed fairseq-generate command
+    (lnexp's --user-dir, same beam/lenpen/batches) loads it and prints the same hypotheses."""
+    import torch
+
+    from lnexp.fairseq_adapter import load_checkpoint_state
+
+    r = evaluate(capsys, tiny_run, "--checkpoint", "avg2", "--beam", "3", "--lenpen", "1.2",
+                 "--batch-size", "16")  # 3 batches: the length limit depends on the batch
+    avg = load_checkpoint_state(Path(r["checkpoint_path"]))["model"]
+    one, two = (load_checkpoint_state(tiny_run / "checkpoints" / f"checkpoint{e}.pt")["model"]
+                for e in (1, 2))
+    key = "encoder.layers.0.fc1.weight"
+    assert not torch.equal(one[key], two[key])
+    assert torch.allclose(avg[key], (one[key] + two[key]) / 2)
+    assert "--beam 3 --lenpen 1.2" in r["fairseq_command"] and "--batch-size 16" in r["fairseq_command"]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", r["fairseq_command"]], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    ours = Path(r[r["fairseq_output"]]).read_text().splitlines()
+    assert len(set(ours)) > 10  # the outputs differ between sentences: the comparison means something
+    assert proc.stdout.splitlines() == ours
+
+
+def test_raw_test_set_is_prepared_as_the_test_split(tiny_run, small_multi30k, capsys):
+    split = evaluate(capsys, tiny_run, "--beam", "2")
+    raw = evaluate(capsys, tiny_run, "--beam", "2", "--src", str(small_multi30k / "test_2016_flickr.de.gz"),
+                   "--ref", str(small_multi30k / "test_2016_flickr.en.gz"))
+    assert raw["set"] == "test_2016_flickr" and raw["n"] == 40
+    assert Path(raw["hyps"]).read_text() == Path(split["hyps"]).read_text()
+    assert Path(raw["refs"]).read_text() == Path(split["refs"]).read_text()
+    assert raw["bleu"] == split["bleu"]
+    assert "--dataset-impl raw" in raw["fairseq_command"]
+
+
+def test_translate_stdin_as_evaluate_translates(tiny_run, small_multi30k, capsys, monkeypatch):
+    from lnexp.data.corpus import read_lines
+
+    src = read_lines(small_multi30k / "test_2016_flickr.de.gz")[:6]
+    hyps = evaluate(capsys, tiny_run, "--beam", "2")["hyps"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join([*src[:3], "", *src[3:]]) + "\n"))
+    rc, out, err = lnexp(capsys, "translate", str(tiny_run), "--beam", "2")
+    assert rc == 0, err
+    expected = Path(hyps).read_text().splitlines()[:6]
+    assert out.splitlines() == [*expected[:3], "", *expected[3:]]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["evaluate", "{tmp}"], "is not a run folder"),
+    (["evaluate", "{tmp}/nowhere"], "no such folder"),
+    (["evaluate", "{run}", "--src", "{tmp}/x.de"], "--src and --ref go together"),
+    (["evaluate", "{run}", "--src", "{tmp}/x.de", "--ref", "{tmp}/short.en"], "must be line-aligned"),
+    (["evaluate", "{run}", "--src", "{tmp}/x.en", "--ref", "{tmp}/x.de"], "pass the de side as --src"),
+    (["evaluate", "{run}", "--checkpoint", "avg3"], "checkpoint.keep_last_epochs=3"),
+    (["evaluate", "{run}", "--checkpoint", "newest"], "is not best, last or avgN"),
+    (["evaluate", "{empty}"], "has no checkpoint_best.pt"),
+    (["translate", "{empty}"], "has no checkpoint_best.pt"),
+])
+def test_bad_input_one_line_exit_2(tiny_run, tmp_path, capsys, args, needle):
+    for name, n in (("x.de", 3), ("x.en", 3), ("short.en", 2)):
+        (tmp_path / name).write_text("Ein Hund .\n" * n)
+    empty = tmp_path / "empty_run"  # a run folder whose checkpoints are gone
+    empty.mkdir()
+    (empty / "run.json").write_text((tiny_run / "run.json").read_text())
+    fill = {"tmp": str(tmp_path), "run": str(tiny_run), "empty": str(empty)}
+    rc, out, err = lnexp(capsys, *[a.format(**fill) for a in args])
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_results_show_test_bleu_without_torch(tiny_run, capsys):
+    r = evaluate(capsys, tiny_run, "--beam", "2")
+    code = ("import sys; from lnexp.cli import main; rc = main(['results', '--runs-root', sys.argv[1]]); "
+            "sys.exit(rc or int(any(m in sys.modules for m in ('torch', 'fairseq'))))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_run.parent)], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    header, row = proc.stdout.splitlines()[:2]
+    for col in ("dataset", "scale", "norm", "dt", "params", "test_bleu(ckpt)"):
+        assert col in header.split()
+    params = json.loads((tiny_run / "run.json").read_text())["params"]
+    assert f"{params / 1e6:.1f}M" in row.split() and f"{r['bleu']:.2f}(best)" in row.split()
+    assert {"multi30k", "mini", "layernorm"} <= set(row.split())
+
+
+def test_unknown_filter_key_is_one_line_exit_2(tmp_path):
+    fake_run(tmp_path / "runs", "a", "fig2_mini")
+    proc = lnexp_cmd("results", "--runs-root", str(tmp_path / "runs"), "placment=pre_ln",
+                     cache=tmp_path / "c", check=False)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "unknown filter key 'placment'" in line and "did you mean placement" in line
+
+
+def test_plot_marks_diverged_runs_and_names_what_differs(tmp_path, capsys):
+    from lnexp.figures.plot import label, legend_keys
+    from lnexp.results import collect_runs
+
+    root = tmp_path / "runs"
+    fake_run(root, "post_w0", "x", warmup=0, valid=(9.0, 8.9), status="diverged",
+             diverged={"reason": "plateau", "update": 260, "epoch": 2})
+    fake_run(root, "pre_w0", "x", placement="pre_ln", warmup=0, valid=(8.0, 7.0))
+    fake_run(root, "post_w100", "x", warmup=100, valid=(8.5, 7.5))
+    (root / "post_w0").rename(root / "warmup=0")  # run folders are named by their overrides
+    runs = collect_runs(root)
+    assert legend_keys(runs) == ["placement.name", "warmup"]
+    assert [label(r, legend_keys(runs)) for r in runs] == [
+        "placement=post_ln, warmup=100", "placement=pre_ln, warmup=0",
+        "placement=post_ln, warmup=0 [diverged]"]
+    rc, out, err = lnexp(capsys, "plot", str(root / "warmup=0"), str(root / "pre_w0"), "--x", "updates",
+                         "--out", str(tmp_path / "fig" / "cmp.png"))
+    assert rc == 0, err
+    for ext in ("png", "pdf", "csv"):
+        assert (tmp_path / "fig" / f"cmp.{ext}").stat().st_size > 0
+    rows = (tmp_path / "fig" / "cmp.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 2 * 2  # 2 runs x 2 metrics x 2 epochs
+    assert sum("placement=post_ln [diverged]" in r for r in rows) == 4
+    rc, _, err = lnexp(capsys, "plot", "--runs-root", str(root), "warmup=100", "--metric", "valid_blue",
+                       "--out", str(tmp_path / "f"))
+    assert rc == 2 and "no run logged 'valid_blue'" in err
+
+
+def test_several_runs_a_broken_one_is_reported_and_the_others_evaluated(tiny_run, tmp_path, capsys):
+    empty = tmp_path / "failed_run"
+    empty.mkdir()
+    (empty / "run.json").write_text((tiny_run / "run.json").read_text())
+    rc, out, err = lnexp(capsys, "evaluate", str(empty), str(tiny_run), "--beam", "1")
+    assert rc == 2
+    (line,) = err.strip().splitlines()
+    assert "failed_run has no checkpoint_best.pt" in line
+    assert f"{tiny_run}: test (40 sentences), checkpoint best, beam 1" in out
