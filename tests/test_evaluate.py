@@ -133,7 +133,7 @@ def test_raw_test_set_is_prepared_as_the_test_split(tiny_run, small_multi30k, ca
 
 
 def test_translate_stdin_as_evaluate_translates(tiny_run, small_multi30k, capsys, monkeypatch):
-    from lnexp.data.corpus import read_lines
+    from lnexp.data.text import read_lines
 
     src = read_lines(small_multi30k / "test_2016_flickr.de.gz")[:6]
     hyps = evaluate(capsys, tiny_run, "--beam", "2")["hyps"]

@@ -11,9 +11,10 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-from lnexp.data.corpus import PreparedData, read_lines, write_lines
+from lnexp.data.corpus import PreparedData
 from lnexp.data.registry import eval_text
 from lnexp.data.subword import piece_encoder
+from lnexp.data.text import read_lines, write_lines
 from lnexp.errors import DataError, UserError
 from lnexp.evaluation.runinfo import RunInfo
 

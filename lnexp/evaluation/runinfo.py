@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lnexp.data.corpus import PreparedData, cache_root
+from lnexp.data.cache import cache_root
+from lnexp.data.corpus import PreparedData
 from lnexp.errors import DataError, UserError
 
 

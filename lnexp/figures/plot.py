@@ -62,7 +62,7 @@ def select(paths: list[Path], root: Path, filters: dict[str, str]) -> list[Run]:
 
 def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
     from lnexp.figures import style
-    from lnexp.figures.outputs import write_csv
+    from lnexp.figures.measured import write_csv
 
     plt = style.setup()
     xkey, xlabel = X_KEYS[x]
