@@ -218,6 +218,15 @@ def test_plot_marks_diverged_runs_and_names_what_differs(tmp_path, capsys):
     rc, _, err = lnexp(capsys, "plot", "--runs-root", str(root), "warmup=100", "--metric", "valid_blue",
                        "--out", str(tmp_path / "f"))
     assert rc == 2 and "no run logged 'valid_blue'" in err
+    # per-update curves come from updates.csv, on the updates axis only
+    (root / "pre_w0" / "updates.csv").write_text("update,epoch,lr,loss\n1,1,0.001,9.5\n2,1,0.001,9.1\n")
+    rc, _, err = lnexp(capsys, "plot", str(root / "pre_w0"), "--x", "updates", "--metric", "loss,valid_loss",
+                       "--out", str(tmp_path / "fig" / "upd"))
+    assert rc == 0, err
+    rows = (tmp_path / "fig" / "upd.csv").read_text().splitlines()
+    assert sum(r.endswith((",loss,1,9.5", ",loss,2,9.1")) for r in rows) == 2
+    rc, _, err = lnexp(capsys, "plot", str(root / "pre_w0"), "--metric", "loss", "--out", str(tmp_path / "f"))
+    assert rc == 2 and "no run logged 'loss'" in err
 
 
 def test_several_runs_a_broken_one_is_reported_and_the_others_evaluated(tiny_run, tmp_path, capsys):

@@ -4,6 +4,8 @@
                [--x epoch|updates|wall] --out FILE
 
 RUN is a run folder or a folder of runs (a sweep); without one, every run under --runs-root.
+Metrics are metrics.jsonl fields (per epoch) or, with ``--x updates``, updates.csv fields (per
+update: loss, nll_loss, gnorm, lr).
 KEY=VALUE filters as ``lnexp results`` does. The legend names each run by what differs between
 the runs' configs. A diverged run ends in a cross; a run that did not finish (failed, running,
 interrupted) is dashed. Writes FILE.png, FILE.pdf and FILE.csv (the plotted points).
@@ -24,6 +26,7 @@ X_KEYS = {"epoch": ("epoch", "epoch"), "updates": ("updates", "updates"),
 NOISE = ("runs_root", "threads", "device", "dataset.dir", "eval.max_sentences", "track_norms",
          "track_every", "checkpoint", "scale.keep_last_epochs", "save_interval_updates", "hydra")
 UNFINISHED = ("failed", "running", "interrupted", "pending")
+PER_UPDATE = ("loss", "nll_loss", "gnorm", "lr")  # updates.csv columns, plotted with --x updates
 
 
 def legend_keys(runs: list[Run]) -> list[str]:
@@ -60,6 +63,18 @@ def select(paths: list[Path], root: Path, filters: dict[str, str]) -> list[Run]:
     return runs
 
 
+def _series(run: Run, metric: str, xkey: str) -> tuple[list[float], list[float]]:
+    """(x, y) of one metric: per epoch from metrics.jsonl, else per update from updates.csv."""
+    if any(metric in r for r in run.metrics):
+        return run.series(xkey), run.series(metric)
+    import csv
+
+    path = run.dir / "updates.csv"
+    rows = list(csv.DictReader(open(path, newline=""))) if path.is_file() else []
+    return ([float(r["update"]) for r in rows],
+            [float(r[metric]) if r.get(metric) not in (None, "") else math.nan for r in rows])
+
+
 def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
     from lnexp.figures import style
     from lnexp.figures.measured import write_csv
@@ -74,11 +89,11 @@ def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
         color = style.COLORS.get(str(run.get("placement.name"))) if len(
             {r.get("placement.name") for r in runs}) == len(runs) else None
         color = color or f"C{i % 10}"
-        xs = run.series(xkey)
         for ax, metric in zip(axes[0], metrics, strict=True):
-            ys = run.series(metric)
-            ax.plot(xs, ys, color=color, marker="o", ms=3, label=name,
-                    ls="--" if run.state in UNFINISHED else "-")
+            xs, ys = _series(run, metric, xkey)
+            per_update = metric in PER_UPDATE and not any(metric in r for r in run.metrics)
+            ax.plot(xs, ys, color=color, marker=None if per_update else "o", ms=3, label=name,
+                    lw=0.8 if per_update else 1.5, ls="--" if run.state in UNFINISHED else "-")
             finite = [(a, b) for a, b in zip(xs, ys, strict=True) if math.isfinite(b)]
             if run.diverged and finite:
                 ax.plot(*finite[-1], marker="x", ms=9, mew=2, color=color)
@@ -129,6 +144,8 @@ def main(argv: list[str]) -> int:
         raise UserError("no run with a finished epoch matches: check the folders and filters "
                         "(lnexp results lists the runs)")
     known = {k for r in runs for row in r.metrics for k in row}
+    if args.x == "updates":
+        known |= set(PER_UPDATE)
     for m in [*metrics, X_KEYS[args.x][0]]:
         if m not in known:
             raise UserError(f"no run logged {m!r}: use fields of metrics.jsonl, e.g. "
