@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser, UserError
-from lnexp.evaluation import records
 from lnexp.train.runlog import effective_status, read_metrics
 
 COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
@@ -136,7 +135,7 @@ def load_run(run_dir: Path, root: Path | None = None) -> Run:
     name = str(run_dir.relative_to(root)) if root is not None else run_dir.name
     return Run(run_dir, name, config, _read_json(run_dir / "status.json", {}) or {},
                read_metrics(run_dir / "metrics.jsonl"), [str(o) for o in overrides],
-               meta.get("params"), records.latest(run_dir, "test"))
+               meta.get("params"), latest_evaluation(run_dir, "test"))
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -294,3 +293,31 @@ def main(argv: list[str]) -> int:
     print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
           + "  (losses in bits/token)")
     return 0
+
+
+# --- evaluation records: where ``lnexp evaluate`` writes into a run folder, read back here ---------
+#     RUN/eval/SET.CHECKPOINT.beamB.lenpenL/  hyps.txt, refs.txt, [hyps.tok], record.json
+
+EVAL_DIR = "eval"
+RECORD = "record.json"
+
+
+def record_dir(run_dir: Path, set_name: str, checkpoint: str, beam: int, lenpen: float) -> Path:
+    return Path(run_dir) / EVAL_DIR / f"{set_name}.{checkpoint}.beam{beam}.lenpen{lenpen:g}"
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every evaluation record of a run, oldest first."""
+    records = []
+    for path in sorted((Path(run_dir) / EVAL_DIR).glob(f"*/{RECORD}")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(records, key=lambda r: str(r.get("time", "")))
+
+
+def latest_evaluation(run_dir: Path, set_name: str = "test") -> dict[str, Any] | None:
+    """The most recent evaluation of ``set_name`` (``test``: the dataset's test split)."""
+    found = [r for r in read_records(run_dir) if r.get("set") == set_name]
+    return found[-1] if found else None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lnexp import fairseq_adapter as fa
 from lnexp.errors import UserError
-from lnexp.evaluation.records import EVAL_DIR
+from lnexp.results import EVAL_DIR
 from lnexp.train.epoch_checkpoints import epoch_checkpoints
 
 AVG = re.compile(r"avg(\d+)")

@@ -24,8 +24,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from lnexp.errors import ArgumentParser, UserError
-from lnexp.evaluation.records import RECORD, record_dir
 from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
+from lnexp.results import RECORD, record_dir
 
 
 def parser(prog: str, description: str) -> ArgumentParser:
