@@ -20,6 +20,9 @@ if str(REPO) not in sys.path:
 # model name on the command line -> lnexp architecture (stock equivalents: settings.stock_flags)
 ARCHS = {"mini": "ln_transformer_mini", "iwslt": "ln_transformer_iwslt_de_en"}
 # --quick / --tiny: the shipped data's first pairs, 2+2 layers of the mini model, small batches
+# stock fairseq's schedule (warm-up then inverse-sqrt), so that every placement has the same one
+# and Post-/Pre-LN have a stock equivalent (Pre-LN's default recipe, step, has none)
+STOCK_SCHEDULE = "schedule=inverse_sqrt"
 QUICK_OVERRIDES = ["depth.encoder_layers=2", "depth.decoder_layers=2", "scale.max_tokens=512"]
 
 

@@ -50,7 +50,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    over = [f"placement={args.placement}", f"threads={torch.get_num_threads()}", "seed=1"]
+    over = [f"placement={args.placement}", B.STOCK_SCHEDULE, f"threads={torch.get_num_threads()}", "seed=1"]
     over += B.data_overrides(args)
     if args.quick:
         over += B.QUICK_OVERRIDES

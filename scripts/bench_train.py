@@ -226,8 +226,8 @@ def _runs_for(model: str, placements: list[str], extra: list[str], total: int, w
 
     runs = []
     for placement in placements:
-        over = [f"placement={placement}", f"scale.arch={B.ARCHS[model]}", f"max_update={total}",
-                "eval.subset=1", f"runs_root={work / 'runs'}", *extra]
+        over = [f"placement={placement}", B.STOCK_SCHEDULE, f"scale.arch={B.ARCHS[model]}",
+                f"max_update={total}", "eval.subset=1", f"runs_root={work / 'runs'}", *extra]
         if placement in PAIRS:
             cfg = B.compose(over)
             data = load_for_training(cfg.dataset)

@@ -81,8 +81,8 @@ def main() -> None:
         print(f"# GPU: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, CUDA "
               f"{torch.version.cuda}, TF32 matmul "
               f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}")
-    over = [f"scale.arch={B.ARCHS[args.model]}", "placement=pre_ln", f"device={device}", "seed=1",
-            f"threads={torch.get_num_threads()}"]
+    over = [f"scale.arch={B.ARCHS[args.model]}", "placement=pre_ln", B.STOCK_SCHEDULE, f"device={device}",
+            "seed=1", f"threads={torch.get_num_threads()}"]
     world = args.world_size
     if world is None:
         world = torch.cuda.device_count() if cuda and torch.cuda.device_count() >= 2 else 1

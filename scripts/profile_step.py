@@ -90,7 +90,7 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    over = [f"scale.arch={B.ARCHS[args.model]}", f"placement={args.placement}", "seed=1",
+    over = [f"scale.arch={B.ARCHS[args.model]}", f"placement={args.placement}", B.STOCK_SCHEDULE, "seed=1",
             f"threads={torch.get_num_threads()}", *B.data_overrides(args)]
     if args.quick:
         over += B.QUICK_OVERRIDES

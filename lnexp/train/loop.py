@@ -256,8 +256,9 @@ def _log_start(cfg: DictConfig, run_dir: Path, n: int, epoch_itr, history: list[
                  "is appended to", run_dir, before["status"], len(history), n, cfg.max_epoch,
                  f", max_update={cfg.max_update}" if cfg.max_update else "")
     else:
-        where = (f"the start of epoch {epoch_itr.next_epoch_idx}" if epoch_itr.end_of_epoch()
-                 else f"epoch {epoch_itr.epoch}, {epoch_itr.iterations_in_epoch} batches into it")
+        into = epoch_itr.iterations_in_epoch  # (the epoch's iterator is made later)
+        where = (f"epoch {epoch_itr.epoch}, {into} batches into it" if into
+                 else f"the start of epoch {epoch_itr.next_epoch_idx}")
         lost = int(before.get("updates", n)) - n
         log.info("%s: resuming from update %d (%s)%s", run_dir, n, where,
                  f"; it was {before.get('status', 'stopped')} at update {before['updates']}, the "

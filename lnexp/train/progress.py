@@ -26,7 +26,8 @@ def sweep_size(multirun_yaml: Path) -> int | None:
         from omegaconf import OmegaConf
 
         cfg = OmegaConf.load(multirun_yaml)
-        params = OmegaConf.to_container(cfg.hydra.sweeper.params or {}, resolve=False) or {}
+        swept = OmegaConf.select(cfg, "hydra.sweeper.params")
+        params = OmegaConf.to_container(swept, resolve=False) if swept else {}
         items = [f"{k}={v}" for k, v in params.items()] + list(cfg.hydra.overrides.task)
         sizes: dict[str, int] = {}
         for o in OverridesParser.create().parse_overrides(items):
