@@ -70,10 +70,35 @@ def to_fairseq_config(args: argparse.Namespace):
     from lnexp.config import hide_fairseq_schemas, restore_fairseq_schemas
 
     restore_fairseq_schemas()
+    _store_missing_fairseq_schemas()
     try:
         return convert_namespace_to_omegaconf(args)
     finally:
         hide_fairseq_schemas()
+
+
+def _store_missing_fairseq_schemas() -> None:
+    """fairseq stores a Hydra schema per registered component once, when it is imported. A
+    launcher that restores Hydra's ConfigStore before each job (joblib does, in its workers) drops
+    them for every job after a worker's first; store the missing ones again, as fairseq does."""
+    from fairseq.dataclass.initialize import hydra_init
+    from fairseq.models import MODEL_DATACLASS_REGISTRY
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    if "config.yaml" not in store.repo:
+        hydra_init()
+    groups = [(name, reg["dataclass_registry"]) for name, reg in REGISTRIES.items()]
+    groups += [("task", TASK_DATACLASS_REGISTRY), ("model", MODEL_DATACLASS_REGISTRY)]
+    for group, registry in groups:
+        stored = store.repo.get(group, {})
+        for name, dataclass in registry.items():
+            if f"{name}.yaml" not in stored:
+                node = dataclass()
+                node._name = name
+                store.store(name=name, group=group, node=node, provider="fairseq")
 
 
 def binarize(

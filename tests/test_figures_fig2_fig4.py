@@ -138,16 +138,17 @@ def test_report_reads_checks_generically_and_marks_missing(tmp_path):
 
 @pytest.mark.slow
 def test_fig2_pipeline_tiny_sweep_with_joblib(tmp_path, small_multi30k):
-    """`lnexp train -m experiment=fig2_mini` + overrides (joblib, 2 jobs) then `lnexp figure fig2`."""
+    """`lnexp train -m experiment=fig2_mini` + overrides (joblib, 3 jobs on 2 workers) then `lnexp figure fig2`."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     proc = lnexp_cmd("train", "-m", "experiment=fig2_mini", f"dataset.dir={small_multi30k}", *TINY,
-                     "lr=1e-3", "seed=1", "warmup=0,100", "max_epoch=1", "max_update=3",
+                     "lr=1e-3", "seed=1", "warmup=0,13,100", "max_epoch=1", "max_update=3",
                      f"runs_root={runs}",
                      "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "threads=1", cache=cache)
     from lnexp.results import collect_runs
 
     got = collect_runs(runs, experiment="fig2_mini")
-    assert sorted(r.get("warmup") for r in got) == [0, 100], proc.stdout[-2000:]
+    # 3 jobs on 2 workers: one worker runs two (Hydra resets its ConfigStore between them)
+    assert sorted(r.get("warmup") for r in got) == [0, 13, 100], proc.stdout[-2000:]
     assert all(r.state == "done" and r.get("schedule.name") == "constant" for r in got)
     assert all(r.get("max_epoch") == 1 and r.get("lr") == 1e-3 for r in got)
     out = tmp_path / "figures"
