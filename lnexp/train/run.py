@@ -170,6 +170,9 @@ def main(argv: list[str]) -> int:
 
     for category in (UserWarning, FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category)  # third-party deprecation noise
+    # ... in a parallel launcher's worker processes too (they read it when they start)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning,ignore::FutureWarning,"
+                                            "ignore::DeprecationWarning")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: record it as Ctrl-C would
