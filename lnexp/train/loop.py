@@ -264,6 +264,9 @@ def _log_start(cfg: DictConfig, run_dir: Path, n: int, epoch_itr, history: list[
                  f"; it was {before.get('status', 'stopped')} at update {before['updates']}, the "
                  f"{lost} updates after the last checkpoint are done again" if lost > 0 else "")
     log.info("schedule: %s", schedule_in_force(cfg))
+    if cfg.schedule.name == "linear":
+        log.info("schedule=linear decays to 0 at the end of the run, so its length names the run "
+                 "folder (%s): a longer linear run is a new run, not an extension", run_dir.name)
 
 
 class _Heartbeat:
