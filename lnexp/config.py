@@ -100,8 +100,7 @@ def _numeric_option(group: str, value: float) -> str:
             ConfigStore.instance().store(group="depth", name=str(n),
                                          node={"encoder_layers": n, "decoder_layers": n})
         return str(n)
-    name = str(int(value)) if value == int(value) else str(value)
-    return name
+    return str(int(value)) if value == int(value) else str(value)
 
 
 def first_line(e: BaseException) -> str:
