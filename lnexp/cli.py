@@ -3,7 +3,7 @@
     lnexp train [hydra overrides]          one run, or a sweep with -m
     lnexp prepare {multi30k,iwslt14,wmt14} prepare a corpus offline
     lnexp results [filters] [--csv]        table of runs
-    lnexp figure {fig2,fig3,fig4,theory,report}
+    lnexp figure {fig2,fig3,fig4,atlas,theory,report}
 """
 
 from __future__ import annotations
