@@ -31,6 +31,7 @@ lint: install
 
 fig2: install
 	$(LNEXP) train -m experiment=fig2_$(SCALE)
+	$(LNEXP) train -m experiment=fig2_low_lr_$(SCALE)
 	$(LNEXP) train -m experiment=fig2_sgd_$(SCALE)
 	$(LNEXP) figure fig2 --scale $(SCALE)
 

@@ -159,18 +159,33 @@ def test_report_adds_the_atlas(tmp_path):
 
 
 @pytest.mark.parametrize("experiment,runs", [("atlas_mini", 64), ("atlas_dt_mini", 16), ("atlas_paper", 96),
-                                             ("atlas_dt_paper", 24)])
-def test_atlas_sweeps_compose(tmp_path, experiment, runs):
-    """The sweep configs compose and their grids have the documented size (the mini's 90-min budget)."""
-    import yaml
+                                             ("atlas_dt_paper", 24), ("fig2_mini", 9),
+                                             ("fig2_low_lr_mini", 3)])
+def test_sweeps_compose_with_their_documented_grid(experiment, runs):
+    """The sweep configs compose, with the grid sizes their comments (and the mini budgets) assume."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
 
-    proc = lnexp_cmd("train", "--cfg", "all", f"experiment={experiment}", cache=tmp_path)
-    cfg = yaml.safe_load(proc.stdout)
-    params = cfg["hydra"]["sweeper"]["params"]
-    assert math.prod(len(str(v).split(",")) for v in params.values()) == runs
-    assert cfg["schedule"]["name"] == "constant" and cfg["divergence"]["stop"] is True
-    assert cfg["track_norms"] is True
-    lrs = [float(x) for x in str(params["lr"]).split(",")]
-    if "_dt_" not in experiment:
-        assert len(lrs) >= 4 and all(b == pytest.approx(2 * a) for a, b in zip(lrs, lrs[1:], strict=False))
-        assert set(params["placement"].split(",")) == {"post_ln", "pre_ln", "peri_ln", "deepnorm"}
+    from lnexp.train.run import CONFIG_DIR, _register_resolvers
+
+    _register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
+            cfg = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+    params = {k: str(v) for k, v in OmegaConf.to_container(cfg.hydra.sweeper.params).items()}
+    assert math.prod(len(v.split(",")) for v in params.values()) == runs
+    assert cfg.schedule.name == "constant" or experiment.startswith("fig2_") and "paper" in experiment
+    if experiment.startswith("fig2_"):
+        assert float(params["lr"]) == (1e-3 if experiment == "fig2_mini" else 5e-4)
+        return
+    assert cfg.divergence.stop is True and cfg.track_norms is True
+    lrs = [float(x) for x in params["lr"].split(",")]
+    if "_dt_" in experiment:
+        assert params["residual_scale"] == "0.5,0.1" and params["warmup"] == "0"
+        return
+    assert len(lrs) >= 4 and all(b == pytest.approx(2 * a) for a, b in zip(lrs, lrs[1:], strict=False))
+    assert set(params["placement"].split(",")) == {"post_ln", "pre_ln", "peri_ln", "deepnorm"}

@@ -1,8 +1,9 @@
 """``lnexp figure fig2``: the warm-up ablation with Post-LN (Xiong et al. 2020, Fig. 2).
 
-Reads the runs of ``experiment=fig2_SCALE`` (Adam, panel a) and ``experiment=fig2_sgd_SCALE`` (SGD,
-panel b) and writes figures/fig2.{png,pdf}, fig2.csv (every epoch of every run), fig2_summary.csv
-(final values per run) and fig2_checks.json (the contrasts, measured from the summary rows).
+Reads the runs of ``experiment=fig2_SCALE`` and ``fig2_low_lr_SCALE`` (Adam at lr 1e-3 and 5e-4,
+panel a) and ``experiment=fig2_sgd_SCALE`` (SGD, panel b) and writes figures/fig2.{png,pdf},
+fig2.csv (every epoch of every run), fig2_summary.csv (final values per run) and fig2_checks.json
+(the contrasts, measured from the summary rows).
 
 Required check (the mini scale must show it): at lr 1e-3, on every one of at least 3 seeds, Post-LN
 without warm-up ends at least 1 bit/token of valid loss above Post-LN with the longest warm-up (same
@@ -201,9 +202,9 @@ def main(argv: list[str]) -> int:
 
     ap = R.parser("fig2", "warm-up ablation with Post-LN (Xiong et al. 2020, Fig. 2)")
     args = ap.parse_args(argv)
-    exps = [f"fig2_{args.scale}", f"fig2_sgd_{args.scale}"]
+    exps = [f"fig2_{args.scale}", f"fig2_low_lr_{args.scale}", f"fig2_sgd_{args.scale}"]
     found = R.select(args.runs_root, exps)
-    adam, sgd = found[exps[0]], found[exps[1]]
+    adam, sgd = found[exps[0]] + found[exps[1]], found[exps[2]]
     if not any(r.metrics for r in adam + sgd):
         raise UserError(f"no finished epochs of experiment={exps[0]} under {args.runs_root}: "
                         f"run `lnexp train -m experiment={exps[0]}` (make fig2) first")
@@ -213,7 +214,7 @@ def main(argv: list[str]) -> int:
     adam, sgd = [r for r in adam if r.metrics], [r for r in sgd if r.metrics]
     cks = checks(adam, sgd, args.scale)
     fig = draw([("(a) Post-LN, Adam", adam), ("(b) Post-LN, SGD", sgd)], args.scale)
-    note = (f"scale={args.scale}; runs: {len(adam)} Adam ({exps[0]}), {len(sgd)} SGD ({exps[1]}); "
+    note = (f"scale={args.scale}; runs: {len(adam)} Adam ({exps[0]}, {exps[1]}), {len(sgd)} SGD ({exps[2]}); "
             "losses in bits/token")
     paths = style.save(fig, args.out, "fig2", note)
     R.write_checks(args.out, "fig2", args.scale, cks, {
