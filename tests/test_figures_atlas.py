@@ -158,7 +158,7 @@ def test_report_adds_the_atlas(tmp_path):
     assert "| peri_ln | 0.004 | 0 | 1 | 2 | 2 | 0 | 0 | 0 | 5.93 | 0.02 | True |" in text  # from the CSV
 
 
-@pytest.mark.parametrize("experiment,runs", [("atlas_mini", 64), ("atlas_dt_mini", 16), ("atlas_paper", 96),
+@pytest.mark.parametrize("experiment,runs", [("atlas_mini", 64), ("atlas_dt_mini", 8), ("atlas_paper", 96),
                                              ("atlas_dt_paper", 24), ("fig2_mini", 9),
                                              ("fig2_low_lr_mini", 3)])
 def test_sweeps_compose_with_their_documented_grid(experiment, runs):
