@@ -129,31 +129,34 @@ def run_row(run: Run) -> dict[str, Any]:
 # --- stability per arm --------------------------------------------------------------------------
 
 
-def arm(grid: dict, placement: str, warmup: int, dt: float = 1.0) -> list[Cell]:
-    """The cells of one (placement, warm-up, dt), by increasing lr."""
-    return [c for (p, _, w, d), c in grid.items() if p == placement and w == warmup and d == dt]
+def arm(grid: dict, placement: str, warmup: int, dt: float = 1.0) -> list[Cell | None]:
+    """The cells of one (placement, warm-up, dt) at every lr of the grid, by increasing lr
+    (None where that cell was not run)."""
+    lrs = sorted({k[1] for k in grid})
+    return [grid.get((placement, lr, warmup, dt)) for lr in lrs]
 
 
-def largest_stable_lr(cells_by_lr: list[Cell]) -> dict[str, Any]:
+def largest_stable_lr(cells_by_lr: list[Cell | None]) -> dict[str, Any]:
     """The largest lr up to which every cell is stable (lr None: the lowest lr already fails).
 
-    ``top``: stable at the grid's highest lr (the true limit is higher); ``known``: False when an
-    unfinished cell comes before the first failure.
+    ``top``: stable at the grid's highest lr (the true limit is higher); ``known``: False when a
+    cell not run or unfinished comes before the first failure (the limit may be lower).
     """
     best, known = None, True
     for c in cells_by_lr:
-        if c.stable is None:
+        if c is None or c.stable is None:
             known = False
             break
         if not c.stable:
             break
         best = c.lr
-    top = bool(cells_by_lr) and best == cells_by_lr[-1].lr
+    top = known and bool(cells_by_lr) and best is not None and cells_by_lr[-1] is not None \
+        and best == cells_by_lr[-1].lr
     return {"lr": best, "top": top, "known": known}
 
 
-def first_failure(cells_by_lr: list[Cell]) -> float | None:
-    return next((c.lr for c in cells_by_lr if c.stable is False), None)
+def first_failure(cells_by_lr: list[Cell | None]) -> float | None:
+    return next((c.lr for c in cells_by_lr if c is not None and c.stable is False), None)
 
 
 # --- hidden-state norms -------------------------------------------------------------------------
@@ -182,12 +185,20 @@ def final_norms(run: Run) -> list[dict[str, Any]]:
     return sorted(out, key=lambda x: (x["side"], x["layer"]))
 
 
-def growth(norm_rows: list[dict[str, Any]], side: str) -> float:
-    """RMS of the last layer over the first layer of one stack (nan if missing)."""
+def growth(norm_rows: list[dict[str, Any]], side: str, absolute: bool = False) -> float:
+    """RMS of the last layer over the first layer of one stack (``absolute``: the last layer's RMS;
+    nan if missing)."""
     by = {r["layer"]: r["hidden_rms"] for r in norm_rows if r["side"] == side}
+    if absolute:
+        return by[max(by)] if by else math.nan
     if len(by) < 2 or not by[min(by)] > 0:
         return math.nan
     return by[max(by)] / by[min(by)]
+
+
+def _mean_finite(values: list[float]) -> float | None:
+    v = [x for x in values if math.isfinite(x)]
+    return sum(v) / len(v) if v else None
 
 
 # --- checks -------------------------------------------------------------------------------------
@@ -199,7 +210,7 @@ def _lr(x: float | None) -> str:
 
 def _stable_text(s: dict[str, Any]) -> str:
     if s["lr"] is None:
-        return "fails at the lowest lr" if s["known"] else "not known yet"
+        return "fails at the lowest lr" if s["known"] else "not known (cells not run)"
     return f"{s['lr']:g}" + (" (the grid's top)" if s["top"] else "") + ("" if s["known"] else " (so far)")
 
 
@@ -226,7 +237,8 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
         return -1.0 if s["lr"] is None else s["lr"]
 
     higher = [w for w, s in per_w.items() if rank(s["peri_ln"]) > rank(s["pre_ln"])]
-    lower = [w for w, s in per_w.items() if rank(s["peri_ln"]) < rank(s["pre_ln"])]
+    # lower is settled once Peri-LN's limit is known: Pre-LN is stable at least up to its own
+    lower = [w for w, s in per_w.items() if s["peri_ln"]["known"] and rank(s["peri_ln"]) < rank(s["pre_ln"])]
     all_known = all(s[p]["known"] for s in per_w.values() for p in s)
     text = "; ".join(f"warm-up {w}: Pre-LN {_stable_text(s['pre_ln'])}, Peri-LN {_stable_text(s['peri_ln'])}"
                      for w, s in per_w.items())
@@ -236,7 +248,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
         "atlas_peri_higher_lr", "Peri-LN's largest stable lr is higher than Pre-LN's (and never lower)",
         "Peri-LN trains at learning rates where Pre-LN diverges (Kim et al. 2025)",
         {str(w): s for w, s in per_w.items()}, text,
-        bool(higher) and not lower if all_known and per_w else None, required=False))
+        False if lower else (bool(higher) if all_known and per_w else None), required=False))
     # 3. smaller seed spread
     both = [(lr, w, grid[("pre_ln", lr, w, 1.0)], grid[("peri_ln", lr, w, 1.0)]) for w in warmups
             for lr in lrs if ("pre_ln", lr, w, 1.0) in grid and ("peri_ln", lr, w, 1.0) in grid]
@@ -275,7 +287,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
         (not worse) if comps else None, required=False))
     # 5. Post-LN without warm-up fails first
     first = {f"{p}/warm-up {w}": first_failure(arm(grid, p, w)) for p in PLACEMENTS for w in warmups
-             if arm(grid, p, w)}
+             if any(arm(grid, p, w))}
     post = first.get("post_ln/warm-up 0")
     others = {k: v for k, v in first.items() if k != "post_ln/warm-up 0"}
     tied = [k for k, v in others.items() if v is not None and post is not None and v == post]
@@ -289,18 +301,20 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
         + (f"; tied with {', '.join(tied)}" if tied else "")
         + (f"; earlier: {', '.join(earlier)}" if earlier else ""), ok, required=False))
     # 6. hidden-state growth, Pre-LN vs Peri-LN (Kan et al.)
-    g = {p: {s: [growth(rows, s) for rows in norms.get(p, [])] for s in ("encoder", "decoder")}
-         for p in ("pre_ln", "peri_ln")}
-    mean_g = {p: {s: (sum(v) / len(v) if (v := [x for x in g[p][s] if math.isfinite(x)]) else None)
-                  for s in g[p]} for p in g}
+    sides = ("encoder", "decoder")
+    mean_g = {p: {s: _mean_finite([growth(rows, s) for rows in norms.get(p, [])]) for s in sides}
+              for p in DT_PLACEMENTS}
+    top = {p: {s: _mean_finite([growth(rows, s, absolute=True) for rows in norms.get(p, [])])
+               for s in sides} for p in DT_PLACEMENTS}
     have = all(mean_g[p][s] is not None for p in mean_g for s in mean_g[p])
     out.append(R.check(
         "atlas_hidden_growth", "at the end of training, Pre-LN's hidden-state RMS grows more from the "
         "first to the last layer than Peri-LN's (trained runs, dt=1, mean over lr and seeds)",
         "Pre-LN's hidden states can grow without bound, Peri-LN's at most linearly (Kan et al. 2025)",
-        {"growth_last_over_first": mean_g},
-        "; ".join(f"{s}: Pre-LN x{R.fmt(mean_g['pre_ln'][s])}, Peri-LN x{R.fmt(mean_g['peri_ln'][s])}"
-                  for s in ("encoder", "decoder")) if have else "norms.csv missing",
+        {"growth_last_over_first": mean_g, "last_layer_rms": top},
+        "; ".join(f"{s}: Pre-LN x{R.fmt(mean_g['pre_ln'][s])} (last layer RMS {R.fmt(top['pre_ln'][s], 1)}), "
+                  f"Peri-LN x{R.fmt(mean_g['peri_ln'][s])} ({R.fmt(top['peri_ln'][s], 1)})"
+                  for s in sides) if have else "norms.csv missing",
         all(mean_g["pre_ln"][s] > mean_g["peri_ln"][s] for s in ("encoder", "decoder")) if have else None,
         required=False))
     return out
@@ -390,21 +404,27 @@ def draw_stability(grid: dict, lrs: list[float], warmups: list[int], norm_rows: 
     from lnexp.figures import style
 
     plt = style.setup()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), gridspec_kw={"width_ratios": [1.2, 1, 1]})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), gridspec_kw={"width_ratios": [1.2, 1, 1]})
     ax = axes[0]
     placements = [p for p in PLACEMENTS if any(k[0] == p for k in grid)]
     width = 0.8 / max(len(warmups), 1)
     floor = min(lrs) / 2 if lrs else 1e-4
     for k, w in enumerate(warmups):
         for i, p in enumerate(placements):
-            s = largest_stable_lr(arm(grid, p, w))
+            cells_by_lr = arm(grid, p, w)
+            s = largest_stable_lr(cells_by_lr)
             x = i - 0.4 + width * (k + 0.5)
             h = s["lr"] if s["lr"] is not None else floor
             ax.bar(x, h, width * 0.9, color=style.COLORS.get(p, "0.5"), alpha=1.0 if w == 0 else 0.5,
                    hatch="" if w == 0 else "//", edgecolor="white",
                    label=("no warm-up" if w == 0 else f"warm-up {w}") if i == 0 else None)
-            mark = "none" if s["lr"] is None else ("≥" if s["top"] else "") + f"{s['lr']:g}"
-            ax.text(x, h * 1.08, mark + ("" if s["known"] else "?"), ha="center", va="bottom", fontsize=6.5)
+            if not any(cells_by_lr):
+                mark = "not run"
+            elif s["lr"] is None:
+                mark = "none" if s["known"] else "?"
+            else:
+                mark = ("≥" if s["top"] else "") + f"{s['lr']:g}" + ("" if s["known"] else "?")
+            ax.text(x, h * 1.08, mark, ha="center", va="bottom", fontsize=6.5)
     ax.set_yscale("log", base=2)
     ax.set_yticks(lrs, [f"{lr:g}" for lr in lrs])
     ax.minorticks_off()
@@ -429,7 +449,8 @@ def draw_stability(grid: dict, lrs: list[float], warmups: list[int], norm_rows: 
         ax.set(title=f"{side}: hidden-state RMS at the end (no warm-up)", xlabel="layer",
                ylabel="RMS of the residual stream")
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=5.5, ncol=2)
+            if side == "decoder":  # one legend, outside the panels
+                ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
         else:
             ax.text(0.5, 0.5, "no norms.csv (track_norms)", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
@@ -471,7 +492,8 @@ def main(argv: list[str]) -> int:
     paths = style.save(draw_heatmaps(grid, lrs, warmups), args.out, "atlas", note)
     paths += style.save(draw_stability(grid, lrs, warmups, norm_rows), args.out, "atlas_stability",
                         f"scale={args.scale}; stable = every seed trained (no plateau, no NaN/inf); "
-                        "'?' = unfinished cells before the first failure; RMS = sqrt(E|h|^2/d), norms.csv")
+                        "'?' = cells not run or unfinished before the first failure; "
+                        "RMS = sqrt(E|h|^2/d), norms.csv")
     supported = [c for c in cks if c["pass"] is True]
     R.write_checks(args.out, "atlas", args.scale, cks, {
         "experiments": exps, "runs": len(runs), "outcomes": counts,
