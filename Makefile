@@ -16,7 +16,7 @@ SCALE       ?= mini
 LNEXP       := $(BIN)/lnexp
 STAMP       := $(VENV)/.installed
 
-.PHONY: install demo test lint fig2 fig3 fig4 theory report figures bench clean-runs
+.PHONY: install demo test lint fig2 fig3 fig4 atlas theory report figures bench clean-runs
 
 install: $(STAMP)
 
@@ -41,6 +41,7 @@ lint: install
 
 fig2: install
 	$(LNEXP) train -m experiment=fig2_$(SCALE)
+	$(LNEXP) train -m experiment=fig2_low_lr_$(SCALE)
 	$(LNEXP) train -m experiment=fig2_sgd_$(SCALE)
 	$(LNEXP) figure fig2 --scale $(SCALE)
 
@@ -51,6 +52,11 @@ fig4: install
 	$(LNEXP) train -m experiment=fig4_$(SCALE)
 	$(if $(filter paper,$(SCALE)),$(LNEXP) train -m experiment=fig4_wmt_paper)
 	$(LNEXP) figure fig4 --scale $(SCALE)
+
+atlas: install
+	$(LNEXP) train -m experiment=atlas_$(SCALE)
+	$(LNEXP) train -m experiment=atlas_dt_$(SCALE)
+	$(LNEXP) figure atlas --scale $(SCALE)
 
 theory: install
 	$(LNEXP) figure theory --scale $(SCALE)

@@ -6,7 +6,7 @@
     lnexp evaluate RUN ... [--split test]  test-set BLEU (sacreBLEU, chrF) of trained runs
     lnexp translate RUN                    stdin sentences -> translations on stdout
     lnexp plot RUN ... --out FILE          any runs' curves in one figure
-    lnexp figure {fig2,fig3,fig4,theory,report}
+    lnexp figure {fig2,fig3,fig4,atlas,theory,report}
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ FIGURES = {
     "fig2": "warm-up ablation with Post-LN (Xiong et al. Fig. 2), from finished runs",
     "fig3": "gradient norms at initialisation (Fig. 3); measures, no training runs needed",
     "fig4": "convergence speed, Pre-LN without warm-up vs Post-LN (Fig. 4), from finished runs",
+    "atlas": "stability atlas: placement x peak lr x warm-up (x dt), trained/stalled/diverged",
     "theory": "the paper's lemmas and hidden-state growth at initialisation",
     "report": "report/README.md: every figure and claim-by-claim table",
 }
