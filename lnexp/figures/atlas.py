@@ -23,8 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from lnexp.figures import outputs
 from lnexp.figures import runs as R
+from lnexp.figures.measured import write_csv
 from lnexp.names import PLACEMENTS
 from lnexp.results import Run
 
@@ -481,9 +481,9 @@ def main(argv: list[str]) -> int:
             norms_by_p[_key(r)[0]].append(rows)
     cks = checks(grid, warmups, norms_by_p)
     args.out.mkdir(parents=True, exist_ok=True)
-    outputs.write_csv(args.out / "atlas.csv", RUN_FIELDS, [run_row(r) for r in runs])
-    outputs.write_csv(args.out / "atlas_summary.csv", CELL_FIELDS, [c.row() for c in grid.values()])
-    outputs.write_csv(args.out / "atlas_norms.csv", NORM_FIELDS, norm_rows)
+    write_csv(args.out / "atlas.csv", RUN_FIELDS, [run_row(r) for r in runs])
+    write_csv(args.out / "atlas_summary.csv", CELL_FIELDS, [c.row() for c in grid.values()])
+    write_csv(args.out / "atlas_norms.csv", NORM_FIELDS, norm_rows)
     counts = {o: sum(outcome(r) == o for r in runs) for o in OUTCOMES}
     tally = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
     note = (f"scale={args.scale}; {len(runs)} runs ({tally}); "
