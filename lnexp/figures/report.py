@@ -213,7 +213,7 @@ def claims_table(figures: Path, scale: str) -> str:
     holds or not (report/README.md keeps the reported-only rows)."""
     lines = [README_BEGIN, "",
              f"Scale `{scale}`, read from `{figures.as_posix()}/*_checks.json` by `make report` on "
-             f"{time.strftime('%Y-%m-%d')}; [report/README.md](report/README.md) has every row and figure.",
+             f"{time.strftime('%Y-%m-%d')}; `report/README.md` (same command) has every row and figure.",
              "", "| figure | claim of the paper | paper | ours | holds? |", "|---|---|---|---|---|"]
     missing = []
     for name, title in SECTIONS:
