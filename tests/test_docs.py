@@ -23,14 +23,18 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def commands(page: Path) -> list[str]:
-    """The `lnexp ...` lines of a page's fenced code blocks (comments dropped)."""
-    out, fenced = [], False
+    """The `lnexp ...` commands of a page's fenced code blocks (comments dropped, continued lines
+    joined)."""
+    out, fenced, pending = [], False, ""
     for line in page.read_text().splitlines():
         if line.lstrip().startswith("```"):
-            fenced = not fenced
+            fenced, pending = not fenced, ""
             continue
-        text = line.split(" #", 1)[0].strip()
-        if fenced and text.startswith("lnexp "):
+        text = pending + line.split(" #", 1)[0].strip()
+        pending = ""
+        if text.endswith("\\"):  # a command continued on the next line
+            pending = text[:-1] + " "
+        elif fenced and text.startswith("lnexp "):
             out.append(text)
     return out
 
@@ -49,9 +53,13 @@ def test_command_runs_as_written(page, line, tmp_path):
         pytest.fail(f"{page}: `{line}` has a placeholder; show a command that runs")
     if argv[0] == "train" and not ({"--help", "-h", "--cfg", "-c"} & set(argv)):
         if "-m" in argv or "--multirun" in argv:
+            from lnexp.errors import UserError
             from lnexp.train.run import check_overrides
 
-            check_overrides([a for a in argv[1:] if a not in ("-m", "--multirun")])
+            try:  # every swept value composes; data the reader must prepare first is named
+                check_overrides([a for a in argv[1:] if a not in ("-m", "--multirun")])
+            except UserError as e:
+                assert "\n" not in str(e) and "lnexp prepare" in str(e), str(e)
             return
         argv = ["train", "--cfg", "job", *argv[1:]]
     env = {**os.environ, "LNEXP_CACHE": str(REPO / "cache"), "PYTHONWARNINGS": "ignore",
