@@ -163,21 +163,13 @@ def test_report_adds_the_atlas(tmp_path):
                                              ("fig2_low_lr_mini", 3)])
 def test_sweeps_compose_with_their_documented_grid(experiment, runs):
     """The sweep configs compose, with the grid sizes their comments (and the mini budgets) assume."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+    from lnexp import config
+    from tests.test_experiments import sweep_params
 
-    from lnexp.train.run import CONFIG_DIR, _register_resolvers
-
-    _register_resolvers()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.1"):
-            cfg = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True)
-    finally:
-        GlobalHydra.instance().clear()
-    params = {k: str(v) for k, v in OmegaConf.to_container(cfg.hydra.sweeper.params).items()}
-    assert math.prod(len(v.split(",")) for v in params.values()) == runs
+    grid = sweep_params(experiment)
+    cfg = config.compose([f"experiment={experiment}"], check=False)
+    params = {k: ",".join(v) for k, v in grid.items()}
+    assert math.prod(len(v) for v in grid.values()) == runs
     assert cfg.schedule.name == "constant" or experiment.startswith("fig2_") and "paper" in experiment
     if experiment.startswith("fig2_"):
         assert float(params["lr"]) == (1e-3 if experiment == "fig2_mini" else 5e-4)
