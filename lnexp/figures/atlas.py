@@ -501,9 +501,6 @@ def main(argv: list[str]) -> int:
         "max_update": sorted({r.get("max_update") for r in runs}, key=str),
         "schedule": sorted({str(r.get("schedule.name")) for r in runs}),
         "stable_means": "every seed of the cell trained: no NaN/inf, not on the unigram plateau"})
-    for c in cks:
-        mark = {True: "supported", False: "NOT supported", None: "not measured"}[c["pass"]]
-        print(f"[{mark}] {c['claim']}: {c['ours']}")
-    print("wrote " + ", ".join(str(p) for p in paths) + f", {args.out}/atlas.csv, atlas_summary.csv, "
-          "atlas_norms.csv, atlas_checks.json")
+    R.print_checks(cks, paths, args.out, ("atlas.csv", "atlas_summary.csv", "atlas_norms.csv",
+                                          "atlas_checks.json"), marks=("supported", "NOT supported"))
     return 0

@@ -222,9 +222,5 @@ def main(argv: list[str]) -> int:
         "warmup_mapping": {str(k): v for k, v in PAPER_WARMUP.get(args.scale, {}).items()},
         "schedule": sorted({str(r.get("schedule.name")) for r in all_runs}),
         "max_epoch": sorted({r.get("max_epoch") for r in all_runs}, key=str)})
-    for c in cks:
-        mark = {True: "holds", False: "does NOT hold", None: "not measured"}[c["pass"]]
-        print(f"[{mark}] {c['claim']}: {c['ours']}")
-    print("wrote " + ", ".join(str(p) for p in paths) + f", {args.out}/fig2.csv, fig2_summary.csv, "
-          "fig2_checks.json")
+    R.print_checks(cks, paths, args.out, ("fig2.csv", "fig2_summary.csv", "fig2_checks.json"))
     return 0

@@ -132,9 +132,5 @@ def main(argv: list[str]) -> int:
     paths = style.save(fig, args.out, "fig4", note)
     R.write_checks(args.out, "fig4", args.scale, cks, {"experiments": exps,
                                                        "runs": [r.name for r in all_runs]})
-    for c in cks:
-        mark = {True: "holds", False: "does NOT hold", None: "not measured"}[c["pass"]]
-        print(f"[{mark}] {c['claim']}: {c['ours']}")
-    print("wrote " + ", ".join(str(p) for p in paths) + f", {args.out}/fig4.csv, fig4_summary.csv, "
-          "fig4_checks.json")
+    R.print_checks(cks, paths, args.out, ("fig4.csv", "fig4_summary.csv", "fig4_checks.json"))
     return 0

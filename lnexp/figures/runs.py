@@ -128,3 +128,12 @@ def fmt(x: Any, nd: int = 2) -> str:
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def print_checks(checks: list[dict], paths: list, out: Path, files: tuple[str, ...],
+                 marks: tuple[str, str] = ("holds", "does NOT hold")) -> None:
+    """Each check's verdict on one line, then the files written (figures, then ``out``'s tables)."""
+    for c in checks:
+        mark = {True: marks[0], False: marks[1], None: "not measured"}[c["pass"]]
+        print(f"[{mark}] {c['claim']}: {c['ours']}")
+    print("wrote " + ", ".join(str(p) for p in paths) + f", {out}/" + ", ".join(files))
