@@ -37,10 +37,12 @@ Body = Callable[[DictConfig, Path, Any], dict[str, Any]]
 def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
     from lnexp.data.registry import load_for_training
 
-    data = load_for_training(cfg.dataset)  # once, before the workers (they find it prepared)
     # as fairseq-train: the checkpoint folder exists before the first update (fairseq writes
     # crash.pt there when it gives up)
     settings.run_paths(run_dir)["checkpoints"].mkdir(parents=True, exist_ok=True)
+    if _one_process(cfg):  # nothing to set up: the body prepares the data and builds fairseq's config
+        return body(cfg, run_dir, None)
+    data = load_for_training(cfg.dataset)  # once, before the workers (they find it prepared)
     device = settings.resolve_device(cfg)
     flags = settings.fairseq_flags(cfg, 1, device)
     fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
@@ -58,6 +60,13 @@ def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
     if result:
         return result
     return read_json(settings.run_paths(run_dir)["status"], {}) or {"status": "failed"}
+
+
+def _one_process(cfg: DictConfig) -> bool:
+    """One process asked for, and no torchrun or SLURM rendezvous that fairseq would join."""
+    d = cfg.distributed
+    return (int(d.world_size) == 1 and d.init_method is None and int(d.port) <= 0
+            and not all(k in os.environ for k in fa.TORCHRUN_ENV))
 
 
 def _rank_main(fcfg, lnexp_cfg: DictConfig, run_dir: str, body: Body, watch_parent: int | None,
