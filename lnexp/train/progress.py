@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +57,6 @@ class UpdateProgress:
 
     def __init__(self, log_interval: int, updates_per_epoch: int, run_updates: int,
                  live: bool | None = None) -> None:
-        import sys
-        import time
-
         self.log_interval = max(int(log_interval), 1)
         self.per_epoch = updates_per_epoch
         self.run_updates = run_updates
@@ -70,8 +69,6 @@ class UpdateProgress:
     def update(self, n: int, epoch: int, in_epoch: int, step: dict[str, float], lr: float,
                elapsed_s: float) -> str | None:
         """Record update ``n`` (``in_epoch`` of this epoch); returns the line when one is due."""
-        import time
-
         now = time.perf_counter()
         self._done_here += 1
         per_update = (now - self._t0) / self._done_here
@@ -100,8 +97,6 @@ class UpdateProgress:
 
     @staticmethod
     def _draw(text: str) -> None:
-        import sys
-
         sys.stdout.write("\r" + text[:150] + "\x1b[K")
         sys.stdout.flush()
 
