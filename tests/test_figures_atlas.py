@@ -54,7 +54,7 @@ def write_grid(root: Path, peri_fails_at: float | None = None) -> None:
     for seed in (1, 2):
         for lr in LRS:
             for w in (0, 20):
-                post_ok = lr < (1e-3 if w == 0 else 4e-3)  # Post-LN without warm-up fails first
+                post_ok = lr < (2e-3 if w == 0 else 4e-3)  # Post-LN without warm-up fails first
                 atlas_run(root, "post_ln", lr, w, seed, "trained" if post_ok else "plateau",
                           loss=6.8 if post_ok else 8.2)
                 atlas_run(root, "deepnorm", lr, w, seed, "trained" if lr < 4e-3 else "plateau",
@@ -94,7 +94,8 @@ def test_atlas_cells_checks_and_files(tmp_path):
     pre = cells[("pre_ln", 1e-3, 20, 1.0)]
     assert float(pre["mean_valid_loss"]) == pytest.approx(6.15)
     assert float(pre["spread_valid_loss"]) == pytest.approx(0.1)
-    assert cells[("post_ln", 1e-3, 0, 1.0)]["plateau"] == "2"
+    assert cells[("post_ln", 2e-3, 0, 1.0)]["plateau"] == "2"
+    assert cells[("post_ln", 1e-3, 0, 1.0)]["stable"] == "True"
     with open(out / "atlas.csv") as f:
         runs = list(csv.DictReader(f))
     assert len(runs) == 2 * len(cells)
@@ -107,7 +108,7 @@ def test_atlas_cells_checks_and_files(tmp_path):
     assert all(c[k]["pass"] is True for k in c), {k: v["ours"] for k, v in c.items()}
     assert c["atlas_peri_higher_lr"]["measured"]["0"]["pre_ln"]["lr"] == 2e-3
     assert c["atlas_peri_higher_lr"]["measured"]["0"]["peri_ln"] == {"lr": 4e-3, "top": True, "known": True}
-    assert c["atlas_post_ln_no_warmup_first"]["measured"]["first_failing_lr"]["post_ln/warm-up 0"] == 1e-3
+    assert c["atlas_post_ln_no_warmup_first"]["measured"]["first_failing_lr"]["post_ln/warm-up 0"] == 2e-3
     spread = c["atlas_peri_smaller_spread"]["measured"]
     assert spread["mean_spread_pre_ln"] == pytest.approx(0.1)
     assert spread["mean_spread_peri_ln"] == pytest.approx(0.02)
@@ -116,7 +117,12 @@ def test_atlas_cells_checks_and_files(tmp_path):
     # dt 0.5 and 0.1 train both seeds where dt 1 lost one to NaN
     assert c["atlas_dt_never_less_stable"]["ours"].endswith("more seeds train with dt < 1 in 2")
     doc = json.loads((out / "atlas_checks.json").read_text())
-    assert doc["claims_supported"] == "6 of 6" and doc["outcomes"]["diverged"] == 1
+    assert doc["claims_supported"] == "6 of 6" and doc["outcomes"]["diverged"] == 1  # the grid check aside
+    grid = c["atlas_grid_range"]
+    assert grid["measured"]["failing_at_highest"] == [
+        "post_ln/warm-up 0", "post_ln/warm-up 20", "pre_ln/warm-up 0",
+        "deepnorm/warm-up 0", "deepnorm/warm-up 20"]
+    assert grid["ours"].startswith("lowest lr 0.001: every arm trains (8 arms); highest lr 0.004:")
 
 
 def test_atlas_claims_not_supported_are_reported(tmp_path):
@@ -132,9 +138,21 @@ def test_atlas_claims_not_supported_are_reported(tmp_path):
     assert "fails in lr 0.002, warm-up 0" in c["atlas_peri_stable_where_pre"]["ours"]
     assert c["atlas_peri_higher_lr"]["pass"] is False
     assert c["atlas_dt_never_less_stable"]["pass"] is True  # dt < 1 trains where dt = 1 plateaus
+    assert c["atlas_grid_range"]["pass"] is None  # the top lr (8e-3) has only an unfinished run
+    assert "lowest lr 0.001: every arm trains" in c["atlas_grid_range"]["ours"]
     with open(tmp_path / "fig" / "atlas_summary.csv") as f:
         unfinished = next(r for r in csv.DictReader(f) if float(r["lr"]) == 8e-3)
     assert (unfinished["missing"], unfinished["stable"], unfinished["mean_valid_loss"]) == ("1", "", "nan")
+
+
+def test_atlas_grid_range_fails_when_the_lowest_lr_does(tmp_path):
+    from lnexp.figures import atlas
+
+    write_grid(tmp_path / "runs", peri_fails_at=1e-3)
+    atlas.main(["--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "fig")])
+    grid = _checks(tmp_path / "fig")["atlas_grid_range"]
+    assert grid["pass"] is False
+    assert grid["ours"].startswith("lowest lr 0.001: fails in peri_ln/warm-up 0, peri_ln/warm-up 20;")
 
 
 def test_atlas_without_runs_names_the_command(tmp_path):
@@ -158,7 +176,7 @@ def test_report_adds_the_atlas(tmp_path):
     assert "| peri_ln | 0.004 | 0 | 1 | 2 | 2 | 0 | 0 | 0 | 5.93 | 0.02 | True |" in text  # from the CSV
 
 
-@pytest.mark.parametrize("experiment,runs", [("atlas_mini", 64), ("atlas_dt_mini", 8), ("atlas_paper", 96),
+@pytest.mark.parametrize("experiment,runs", [("atlas_mini", 80), ("atlas_dt_mini", 8), ("atlas_paper", 96),
                                              ("atlas_dt_paper", 24), ("fig2_mini", 9),
                                              ("fig2_low_lr_mini", 3)])
 def test_sweeps_compose_with_their_documented_grid(experiment, runs):

@@ -18,6 +18,10 @@ def test_readme_claims_block_is_rewritten_from_checks(tmp_path):
          "pass": True},
         {"claim": "informational row", "paper": "-", "measured_text": "x", "pass": False,
          "required": False}]}))
+    (figures / "atlas_checks.json").write_text(json.dumps({"scale": "mini", "claims_supported": "1 of 2",
+                                                          "checks": [
+        {"claim": "Peri-LN at a higher lr", "ours": "both to the top", "pass": None, "required": False},
+        {"claim": "dt < 1 never less stable", "ours": "4 comparisons", "pass": True, "required": False}]}))
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n\n{report.README_BEGIN}\nold table\n{report.README_END}\n\nafter\n")
     assert report.main(["--figures", str(figures), "--out", str(tmp_path / "report"), "--runs-root",
@@ -27,7 +31,10 @@ def test_readme_claims_block_is_rewritten_from_checks(tmp_path):
     assert "| Convergence speed: Pre-LN without warm-up vs Post-LN | Pre-LN reaches Post-LN's loss " \
            "sooner | ~1.7x | 1.74x | yes |" in text
     assert "informational row" not in text  # required rows only; report/README.md has the rest
-    assert "Not run yet for this table: `make fig3`, `make theory`, `make fig2`" in text
+    assert "Not run yet for this table: `make fig3`, `make theory`, `make fig2`." in text
+    assert "dt < 1" not in text  # the atlas's claims are informational: counted, not listed
+    assert "Informational (no threshold at this scale; each claim in `report/README.md`): Stability " \
+           "atlas: 1 of 2 claims supported by our runs." in text
 
 
 def test_readme_without_markers_is_a_one_line_error(tmp_path):

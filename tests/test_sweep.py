@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import REPO, lnexp_cmd
 from tests.test_figures_fig2_fig4 import TINY
@@ -91,7 +92,20 @@ def test_progress_line_and_sweep_size(tmp_path):
         (tmp_path / name / "status.json").write_text(
             f'{{"status": "{status}", "epoch": {epochs}, "wall_s": {wall}}}')
     # 150 s per epoch (a, b) x 4 epochs x the 4 jobs left (this one included)
-    assert progress.sweep_eta(tmp_path, 2, 6, 4).startswith("~40m00s left (4 epochs per run")
+    assert progress.sweep_eta(tmp_path, 2, 6, 4) == \
+        "~40m00s left (4 epochs per run, mean epoch time of 2 finished runs of this sweep)"
+    assert progress.sweep_eta(tmp_path, 2, 6, 4, parallel=2).startswith("~20m00s left")  # joblib n_jobs=2
+    assert progress.message("x", 1, 2, 150.0, 2, 6, parallel=2) == \
+        "run 3/6 x | epoch 1/2 | run left ~2m30s | sweep left ~10m00s"  # 2m30 + 3 runs x 5m / 2
+    # a run that finished before this sweep began (an older multirun.yaml) no longer counts
+    old = tmp_path / "a" / "status.json"
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    os.utime(tmp_path / "multirun.yaml", (time.time() - 60, time.time() - 60))
+    assert progress.sweep_eta(tmp_path, 2, 6, 4).startswith("~40m00s left (4 epochs per run, mean epoch "
+                                                            "time of 1 finished runs of this sweep")
+    hc = OmegaConf.create({"launcher": {"n_jobs": -1}})
+    assert progress.parallel_jobs(hc) == os.cpu_count()
+    assert progress.parallel_jobs(OmegaConf.create({"launcher": {"_target_": "basic"}})) == 1
 
 
 @pytest.mark.slow

@@ -191,7 +191,9 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
                 _first(c, "pass", "passed", "holds") is True for c in req) else "some checks do not hold"
             if not any(c.get("required", True) for c in check_items(doc)):  # claims to test, none required
                 held = [_first(c, "pass", "passed", "holds") for c in check_items(doc)]
-                verdict = f"{sum(h is True for h in held)} of {len(held)} claims supported by our runs"
+                count = (doc.get("claims_supported") if isinstance(doc, dict) else None) \
+                    or f"{sum(h is True for h in held)} of {len(held)}"  # the figure's own count first
+                verdict = f"{count} claims supported by our runs"
             summary.append((name, verdict))
         else:
             out += [f"no checks file ({name}_checks.json)", ""]
@@ -215,17 +217,24 @@ def claims_table(figures: Path, scale: str) -> str:
              f"Scale `{scale}`, read from `{figures.as_posix()}/*_checks.json` by `make report` on "
              f"{time.strftime('%Y-%m-%d')}; `report/README.md` (same command) has every row and figure.",
              "", "| figure | claim of the paper | paper | ours | holds? |", "|---|---|---|---|---|"]
-    missing = []
+    missing, informational = [], []
     for name, title in SECTIONS:
         doc = _read_json(figures / f"{name}_checks.json")
         if doc is None:
             missing.append(f"`make {name}`")
             continue
-        required = [c for c in check_items(doc) if c.get("required", True)  # thresholds only
+        items = check_items(doc)
+        required = [c for c in items if c.get("required", True)  # thresholds only
                     and _first(c, "pass", "passed", "holds") is not None]
         for row in check_rows({"checks": required}):
             lines.append(f"| {title.split(' (')[0]} | {row['claim']} | {row['paper']} | {row['ours']} | "
                          f"{row['holds']} |")
+        if items and not any(c.get("required", True) for c in items):  # claims tested, none required
+            supported = doc.get("claims_supported") if isinstance(doc, dict) else None
+            informational.append(f"{title.split(':')[0]}: {supported or '?'} claims supported by our runs")
+    if informational:
+        lines += ["", "Informational (no threshold at this scale; each claim in `report/README.md`): "
+                  + "; ".join(informational) + "."]
     if missing:
         lines += ["", "Not run yet for this table: " + ", ".join(missing) + "."]
     return "\n".join([*lines, "", README_END])

@@ -6,13 +6,15 @@
 
 N comes from the sweep definition that Hydra saved in ``<sweep dir>/multirun.yaml`` (the sweeper's
 params plus the command-line overrides); time left assumes the remaining runs take as long per epoch
-as this one (runs one after another, as the basic launcher does). Outside a sweep: the run's own ETA.
+as the finished ones, run as many at a time as the launcher runs (joblib's n_jobs; one for the
+basic launcher). Outside a sweep: the run's own ETA.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,6 +40,18 @@ def sweep_size(multirun_yaml: Path) -> int | None:
         return math.prod(sizes.values())
     except Exception:
         return None
+
+
+def parallel_jobs(hydra_cfg: Any) -> int:
+    """How many jobs of a sweep run at once: the launcher's n_jobs (joblib; -1 = every core,
+    -2 = all but one), else 1 (the basic launcher runs them one after another)."""
+    try:
+        n = int(hydra_cfg.launcher.n_jobs)
+    except Exception:  # no n_jobs: basic, submitit (its own scheduler decides)
+        return 1
+    if n < 0:
+        n = (os.cpu_count() or 1) + 1 + n
+    return max(n, 1)
 
 
 def _hms(seconds: float) -> str:
@@ -107,19 +121,21 @@ def _bar(done: int, total: int, width: int = 20) -> str:
 
 
 def message(run_name: str, epoch: int, max_epoch: int, wall_s: float, job: int | None,
-            total: int | None) -> str:
+            total: int | None, parallel: int = 1) -> str:
     per_epoch = wall_s / max(epoch, 1)
     run_left = per_epoch * max(max_epoch - epoch, 0)
     where = f"run {job + 1}/{total} " if job is not None and total else ""
     line = f"{where}{run_name} | epoch {epoch}/{max_epoch} | run left ~{_hms(run_left)}"
     if job is not None and total:
-        line += f" | sweep left ~{_hms(run_left + (total - job - 1) * per_epoch * max_epoch)}"
+        after = (total - job - 1) * per_epoch * max_epoch / max(parallel, 1)
+        line += f" | sweep left ~{_hms(run_left + after)}"
     return line
 
 
 def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any], stopped: str | None = None) -> str:
     """The per-epoch line; ``stopped`` names what ended the run early (e.g. ``max_update=20``)."""
     job = total = None
+    parallel = 1
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
@@ -128,33 +144,43 @@ def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any], stopped: str | No
         if hc.mode == RunMode.MULTIRUN:
             job = int(hc.job.num)
             total = sweep_size(Path(hc.sweep.dir) / "multirun.yaml")
+            parallel = parallel_jobs(hc)
     except Exception:  # not under Hydra (tests, scripts)
         pass
     epoch = int(record["epoch"])
     line = message(Path(run_dir).name, epoch, epoch if stopped else int(cfg.max_epoch),
-                   float(record.get("wall_s", 0.0)), job, total)
+                   float(record.get("wall_s", 0.0)), job, total, parallel)
     if stopped:
         line = line.replace(f"epoch {epoch}/{epoch} ", f"epoch {epoch} (stopped at {stopped}) ")
     log.info("progress: %s", line)
     return line
 
 
-def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int) -> str:
+def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int, parallel: int = 1) -> str:
     """Time left for the sweep: the mean time per epoch of the runs already finished under
-    ``sweep_dir`` (any experiment: runs of one scale take about as long per epoch) x the epochs of
-    this job and the ones after it."""
+    ``sweep_dir`` x the epochs of this job and the ones after it, divided by the jobs run at once.
+    Runs that finished since this sweep started (multirun.yaml's time) count alone once there are
+    any: other runs in the folder (a 2-epoch demo beside 120-update atlas runs) differ per epoch."""
     from lnexp.train.runlog import read_json
 
-    per_epoch = []
+    try:
+        started = (Path(sweep_dir) / "multirun.yaml").stat().st_mtime
+    except OSError:
+        started = math.inf
+    ours, others = [], []
     for status in Path(sweep_dir).glob("*/status.json"):
         s = read_json(status, {}) or {}
         if s.get("status") in ("done", "diverged") and s.get("wall_s") and s.get("epoch"):
-            per_epoch.append(float(s["wall_s"]) / int(s["epoch"]))
+            mine = status.stat().st_mtime >= started
+            (ours if mine else others).append(float(s["wall_s"]) / int(s["epoch"]))
+    per_epoch = ours or others
     if not total or not per_epoch:
         return "time left: unknown until a run finishes"
-    left = (total - job) * max_epoch * sum(per_epoch) / len(per_epoch)
+    parallel = max(parallel, 1)
+    left = (total - job) * max_epoch * sum(per_epoch) / len(per_epoch) / parallel
     return (f"~{_hms(left)} left ({max_epoch} epochs per run, mean epoch time of {len(per_epoch)} "
-            "finished runs)")
+            + ("finished runs of this sweep" if ours else "finished runs")
+            + (f", {parallel} runs at a time)" if parallel > 1 else ")"))
 
 
 try:
@@ -181,6 +207,6 @@ class ProgressCallback(_Callback):
             total = sweep_size(sweep_dir / "multirun.yaml")
             name = Path(hc.runtime.output_dir).name
             log.info("progress: run %d/%s %s | sweep %s", job + 1, total or "?", name,
-                     sweep_eta(sweep_dir, job, total, int(config.max_epoch)))
+                     sweep_eta(sweep_dir, job, total, int(config.max_epoch), parallel_jobs(hc)))
         except Exception as e:  # progress must never stop a sweep
             log.debug("progress: %s", e)
