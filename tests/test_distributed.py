@@ -81,6 +81,7 @@ def test_torchrun_ranks_train_the_same_run(tmp_path, small_multi30k, accumulated
                            "distributed.world_size=2", f"runs_root={tmp_path / 'tr'}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("(losses in bits/token") == 1  # the end summary: rank 0 alone
     (dp,) = (tmp_path / "tr").iterdir()
     assert_same_updates(dp, accumulated)
     assert_one_run_folder(dp)

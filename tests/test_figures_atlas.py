@@ -49,8 +49,9 @@ def atlas_run(root: Path, placement: str, lr: float, warmup: int, seed: int, sta
 LRS = (1e-3, 2e-3, 4e-3)
 
 
-def write_grid(root: Path, peri_fails_at: float | None = None) -> None:
-    """A grid where every claim holds, unless Peri-LN is made to fail at ``peri_fails_at``."""
+def write_grid(root: Path, peri_fails_at: float | None = None, pre_nan: bool = True) -> None:
+    """A grid where every claim holds, unless Peri-LN is made to fail at ``peri_fails_at``
+    (``pre_nan``: one Pre-LN seed goes NaN at 4e-3 without warm-up)."""
     for seed in (1, 2):
         for lr in LRS:
             for w in (0, 20):
@@ -59,8 +60,8 @@ def write_grid(root: Path, peri_fails_at: float | None = None) -> None:
                           loss=6.8 if post_ok else 8.2)
                 atlas_run(root, "deepnorm", lr, w, seed, "trained" if lr < 4e-3 else "plateau",
                           loss=6.7 if lr < 4e-3 else 8.1)
-                pre_nan = lr == 4e-3 and w == 0 and seed == 2  # one seed of one cell goes NaN
-                atlas_run(root, "pre_ln", lr, w, seed, "nan" if pre_nan else "trained",
+                nan = pre_nan and lr == 4e-3 and w == 0 and seed == 2  # one seed of one cell goes NaN
+                atlas_run(root, "pre_ln", lr, w, seed, "nan" if nan else "trained",
                           loss=6.0 + 0.1 * seed, growth=1.5)
                 peri_bad = peri_fails_at is not None and lr >= peri_fails_at
                 atlas_run(root, "peri_ln", lr, w, seed, "plateau" if peri_bad else "trained",
@@ -143,6 +144,38 @@ def test_atlas_claims_not_supported_are_reported(tmp_path):
     with open(tmp_path / "fig" / "atlas_summary.csv") as f:
         unfinished = next(r for r in csv.DictReader(f) if float(r["lr"]) == 8e-3)
     assert (unfinished["missing"], unfinished["stable"], unfinished["mean_valid_loss"]) == ("1", "", "nan")
+
+
+def test_atlas_higher_lr_undecided_when_both_train_at_the_top(tmp_path):
+    from lnexp.figures import atlas
+
+    write_grid(tmp_path / "runs", pre_nan=False)
+    atlas.main(["--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "fig")])
+    higher = _checks(tmp_path / "fig")["atlas_peri_higher_lr"]
+    assert higher["pass"] is None  # neither limit is on the grid: not a "no"
+    assert higher["ours"].endswith("(Pre-LN is stable at every lr of the grid: the grid does not reach "
+                                   "its limit)")
+
+
+@pytest.mark.parametrize("seeds_failing,supported", [((1,), True), ((1, 2), False)])
+def test_atlas_post_ln_tie_is_broken_by_the_seeds_that_fail(tmp_path, seeds_failing, supported):
+    """Post-LN with warm-up also fails at 2e-3: on one seed Post-LN without warm-up still fails
+    first (2 of 2 seeds against 1 of 2), on both it does not."""
+    import shutil
+
+    from lnexp.figures import atlas
+
+    write_grid(tmp_path / "runs")
+    for seed in seeds_failing:
+        shutil.rmtree(tmp_path / "runs" / f"atlas_mini,post_ln,lr=0.002,w=20,dt=1,s={seed}")
+        atlas_run(tmp_path / "runs", "post_ln", 2e-3, 20, seed, "plateau", loss=8.2)
+    atlas.main(["--runs-root", str(tmp_path / "runs"), "--out", str(tmp_path / "fig")])
+    first = _checks(tmp_path / "fig")["atlas_post_ln_no_warmup_first"]
+    assert first["pass"] is supported
+    share = len(seeds_failing) / 2
+    assert first["measured"]["failing_seed_share_at_that_lr"] == {"post_ln/warm-up 0": 1.0,
+                                                                  "post_ln/warm-up 20": share}
+    assert f"tied with post_ln/warm-up 20 ({share:.0%} of its seeds)" in first["ours"]
 
 
 def test_atlas_grid_range_fails_when_the_lowest_lr_does(tmp_path):

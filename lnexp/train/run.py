@@ -79,8 +79,9 @@ def _job(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         status = train_run(cfg, run_dir)
-        print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
-        _print_summary(run_dir)
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this job
+            print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
+            _print_summary(run_dir)
     except UserError as e:
         from lnexp.train.runlog import read_json, write_json
         from lnexp.train.settings import run_paths
