@@ -114,7 +114,6 @@ def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
     note = "x: diverged; dashed: did not finish" if any(
         r.diverged or r.state in UNFINISHED for r in runs) else None
     paths = style.save(fig, out.parent, out.stem, note)
-    plt.close(fig)
     write_csv(out.with_suffix(".csv"), ("run", "label", "status", "metric", "x", "y"), points)
     return [*paths, out.with_suffix(".csv")]
 

@@ -34,7 +34,11 @@ def epoch_panels(loss_ax, bleu_ax, title: str) -> None:
 
 
 def save(fig, out_dir: Path, name: str, note: str | None = None) -> list[Path]:
-    """Write NAME.png and NAME.pdf (atomically); ``note`` goes under the figure (scale, data)."""
+    """Write NAME.png and NAME.pdf (atomically), then close the figure (pyplot keeps every open
+    one alive: figure commands called in one process, as in the tests, would pile them up);
+    ``note`` goes under the figure (scale, data)."""
+    import matplotlib.pyplot as plt
+
     out_dir.mkdir(parents=True, exist_ok=True)
     if note:
         fig.text(0.01, 0.005, note, fontsize=7, color="0.35", ha="left", va="bottom")
@@ -45,4 +49,5 @@ def save(fig, out_dir: Path, name: str, note: str | None = None) -> list[Path]:
         fig.savefig(tmp, bbox_inches="tight")
         tmp.replace(final)
         paths.append(final)
+    plt.close(fig)
     return paths
