@@ -222,23 +222,22 @@ def grid_range(grid: dict, lrs: list[float], warmups: list[int]) -> dict[str, An
         return {f"{p}/warm-up {w}": grid[(p, lr, w, 1.0)].stable for p in PLACEMENTS for w in warmups
                 if (p, lr, w, 1.0) in grid}
 
-    low, high = (at(lrs[0]), at(lrs[-1])) if lrs else ({}, {})
+    low, high = at(lrs[0]), at(lrs[-1])  # main() refuses an empty grid
     low_fail = [k for k, v in low.items() if v is False]
     high_fail = [k for k, v in high.items() if v is False]
-    nan_top = sum(grid[k].counts["diverged"] for k in grid if k[1] == (lrs[-1] if lrs else None))
+    nan_top = sum(c.counts["diverged"] for k, c in grid.items() if k[1] == lrs[-1])
     known = bool(low) and None not in low.values() and (bool(high_fail) or None not in high.values())
     ours = (f"lowest lr {lrs[0]:g}: " + (f"fails in {', '.join(low_fail)}" if low_fail else
                                         f"every arm trains ({len(low)} arms)")
             + f"; highest lr {lrs[-1]:g}: "
             + (f"{', '.join(high_fail)} fail" if high_fail else "every arm trains")
-            + f" ({nan_top} NaN/inf runs)") if lrs else "no runs"
+            + f" ({nan_top} NaN/inf runs)")
     return R.check(
         "atlas_grid_range", "the lr grid runs from an lr where every placement trains (every warm-up "
         "arm and seed, dt = 1) to one where some arm fails",
         "the atlas's design (not a paper claim): both ends of the stability picture are on the grid",
-        {"lowest_lr": lrs[0] if lrs else None, "stable_at_lowest": low,
-         "highest_lr": lrs[-1] if lrs else None, "failing_at_highest": high_fail,
-         "nan_runs_at_highest": nan_top},
+        {"lowest_lr": lrs[0], "stable_at_lowest": low, "highest_lr": lrs[-1],
+         "failing_at_highest": high_fail, "nan_runs_at_highest": nan_top},
         ours, (not low_fail and bool(high_fail)) if known else None, required=False)
 
 

@@ -86,6 +86,15 @@ def check_items(doc: Any) -> list[dict]:
     return [c for c in items if isinstance(c, dict)]
 
 
+def claims_supported(doc: Any) -> str:
+    """"k of n" for a figure whose claims are all informational: the figure's own count (it may
+    leave rows that are not claims out of it), else the rows that hold."""
+    if isinstance(doc, dict) and doc.get("claims_supported"):
+        return str(doc["claims_supported"])
+    held = [_first(c, "pass", "passed", "holds") for c in check_items(doc)]
+    return f"{sum(h is True for h in held)} of {len(held)}"
+
+
 def check_rows(doc: Any) -> list[dict[str, str]]:
     """Normalise any figure's checks JSON into rows: claim, paper, ours, holds."""
     rows = []
@@ -190,10 +199,7 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
             verdict = "all required checks hold" if req and all(
                 _first(c, "pass", "passed", "holds") is True for c in req) else "some checks do not hold"
             if not any(c.get("required", True) for c in check_items(doc)):  # claims to test, none required
-                held = [_first(c, "pass", "passed", "holds") for c in check_items(doc)]
-                count = (doc.get("claims_supported") if isinstance(doc, dict) else None) \
-                    or f"{sum(h is True for h in held)} of {len(held)}"  # the figure's own count first
-                verdict = f"{count} claims supported by our runs"
+                verdict = f"{claims_supported(doc)} claims supported by our runs"
             summary.append((name, verdict))
         else:
             out += [f"no checks file ({name}_checks.json)", ""]
@@ -230,8 +236,8 @@ def claims_table(figures: Path, scale: str) -> str:
             lines.append(f"| {title.split(' (')[0]} | {row['claim']} | {row['paper']} | {row['ours']} | "
                          f"{row['holds']} |")
         if items and not any(c.get("required", True) for c in items):  # claims tested, none required
-            supported = doc.get("claims_supported") if isinstance(doc, dict) else None
-            informational.append(f"{title.split(':')[0]}: {supported or '?'} claims supported by our runs")
+            informational.append(f"{title.split(':')[0]}: {claims_supported(doc)} claims supported "
+                                 "by our runs")
     if informational:
         lines += ["", "Informational (no threshold at this scale; each claim in `report/README.md`): "
                   + "; ".join(informational) + "."]

@@ -131,11 +131,10 @@ def fmt(x: Any, nd: int = 2) -> str:
 
 
 def print_checks(checks: list[dict], paths: list, out: Path, files: tuple[str, ...],
-                 marks: tuple[str, ...] = ("holds", "does NOT hold", "not measured")) -> None:
+                 marks: tuple[str, str, str] = ("holds", "does NOT hold", "not measured")) -> None:
     """Each check's verdict on one line, then the files written (figures, then ``out``'s tables);
     ``marks``: the words for true, false and null."""
     for c in checks:
-        words = (*marks[:2], marks[2] if len(marks) > 2 else "not measured")
-        mark = {True: words[0], False: words[1], None: words[2]}[c["pass"]]
+        mark = {True: marks[0], False: marks[1], None: marks[2]}[c["pass"]]
         print(f"[{mark}] {c['claim']}: {c['ours']}")
     print("wrote " + ", ".join(str(p) for p in paths) + f", {out}/" + ", ".join(files))
