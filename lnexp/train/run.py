@@ -26,20 +26,20 @@ HYDRA_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-name", "-c
                           "-cp", "--config-dir", "-cd", "--info", "-i")
 
 
-def _task_overrides(argv: list[str]) -> list[str]:
-    """Drop Hydra's own flags (and their values) and hydra.* / hydra/ overrides."""
+def _is_task_override(argv: list[str]) -> list[bool]:
+    """For each argument: is it an override of the training config (not one of Hydra's own flags,
+    a flag's value, or a hydra.* / hydra/ override)?"""
     out, skip = [], False
     for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a.startswith("-"):
-            skip = a in HYDRA_FLAGS_WITH_VALUE
-            continue
-        if a.startswith(("hydra.", "hydra/", "+hydra", "~hydra")):
-            continue
-        out.append(a)
+        flag = skip or a.startswith("-") or a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))
+        skip = not skip and a in HYDRA_FLAGS_WITH_VALUE  # the flag's value follows it
+        out.append(not flag)
     return out
+
+
+def _task_overrides(argv: list[str]) -> list[str]:
+    """Drop Hydra's own flags (and their values) and hydra.* / hydra/ overrides."""
+    return [a for a, task in zip(argv, _is_task_override(argv), strict=True) if task]
 
 
 def check_overrides(argv: list[str]) -> Path:
@@ -135,13 +135,9 @@ def _hydra_argv(argv: list[str]) -> list[str]:
     the resolved config."""
     from lnexp import config
 
-    out, skip = [], False
-    for a in argv:
-        if skip or a.startswith("-") or a.startswith(("hydra.", "hydra/", "+hydra", "~hydra")):
-            skip = not skip and a in HYDRA_FLAGS_WITH_VALUE  # the flag's value follows it
-            out.append(a)
-        else:
-            out += config.normalise([a])
+    out = []
+    for a, task in zip(argv, _is_task_override(argv), strict=True):
+        out += config.normalise([a]) if task else [a]
     if any(a in ("--cfg", "-c") for a in out) and "--resolve" not in out:
         out.append("--resolve")
     return out
