@@ -4,6 +4,7 @@
     lnexp prepare {multi30k,iwslt14,wmt14} prepare a corpus offline
     lnexp results [filters] [--csv]        table of runs
     lnexp evaluate RUN ... [--split test]  test-set BLEU (sacreBLEU, chrF) of trained runs
+    lnexp compare RUN_A RUN_B              is a BLEU/chrF difference significant (sacreBLEU's paired tests)
     lnexp translate RUN                    stdin sentences -> translations on stdout
     lnexp plot RUN ... --out FILE          any runs' curves in one figure
     lnexp figure {fig2,fig3,fig4,atlas,theory,report}
@@ -18,6 +19,7 @@ COMMANDS = {
     "prepare": ("lnexp.data.cli", "prepare multi30k, iwslt14 or wmt14 offline"),
     "results": ("lnexp.results", "list runs and their best scores (--csv to export)"),
     "evaluate": ("lnexp.evaluation.evaluate", "test-set BLEU/chrF of runs (best, last or avgN)"),
+    "compare": ("lnexp.evaluation.compare", "BLEU/chrF difference of two runs and its p-value"),
     "translate": ("lnexp.evaluation.translate", "translate stdin with a run's model"),
     "plot": ("lnexp.figures.plot", "any runs' curves in one figure (PNG and PDF)"),
     "figure": ("lnexp.figures.cli", "draw a paper figure from finished runs"),

@@ -238,3 +238,49 @@ def test_several_runs_a_broken_one_is_reported_and_the_others_evaluated(tiny_run
     (line,) = err.strip().splitlines()
     assert "failed_run has no checkpoint_best.pt" in line
     assert f"{tiny_run}: test (40 sentences), checkpoint best, beam 1" in out
+
+
+def sacrebleu_paired(refs: str, hyps_a: str, hyps_b: str, test: str) -> dict[str, list[float]]:
+    """sacreBLEU's command line, paired test of B against baseline A: per metric the numbers of its
+    table in order (A: score, mean, CI; B: score, mean, CI, p; AR has no mean and CI). Its JSON
+    output fails on --paired-bs (numpy floats), so the text table is read, 6 decimals."""
+    import re
+
+    exe = str(Path(sys.executable).with_name("sacrebleu"))
+    proc = subprocess.run([exe, refs, "-i", hyps_a, hyps_b, "-m", "bleu", "chrf", f"--paired-{test}",
+                           "-w", "6", "--format", "text"], capture_output=True, text=True, check=True)
+    rows = [ln.split("\u2502")[2:4] for ln in proc.stdout.splitlines() if ln.count("\u2502") == 4][1:]
+    number = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+    return {m: [float(x) for cells in rows for x in number.findall(cells[i])]
+            for i, m in enumerate(("BLEU", "chrF2"))}
+
+
+def test_compare_equals_sacrebleus_paired_tests(tiny_run, capsys):
+    """`lnexp compare` = `sacrebleu REF -i A B --paired-bs` (and --paired-ar) on the written files."""
+    rc, out, err = lnexp(capsys, "compare", f"{tiny_run}@avg2", f"{tiny_run}@last", "--beam", "2",
+                         "--split", "valid", "--json")
+    assert rc == 0, err
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["n"] == 60 and (r["a"]["checkpoint"], r["b"]["checkpoint"]) == ("avg2", "last")
+    assert r["a"]["hyps"] != r["b"]["hyps"]
+    assert "p (bootstrap)" in out and "same numbers: sacrebleu" in out
+    for test in ("bs", "ar"):
+        cli = sacrebleu_paired(r["refs"], r["a"]["hyps"], r["b"]["hyps"], test)
+        for key, numbers in cli.items():
+            m = r["metrics"][key]
+            keys = ["a", "a_mean", "a_ci", "b", "b_mean", "b_ci", f"p_{test}"] if test == "bs" else \
+                ["a", "b", f"p_{test}"]
+            assert numbers[:-1] == pytest.approx([m[k] for k in keys[:-1]], abs=5e-7), key
+            assert numbers[-1] == pytest.approx(m[keys[-1]], abs=5e-5), key  # p: 4 decimals
+    assert r["a"]["bleu"] == pytest.approx(r["metrics"]["BLEU"]["a"], abs=1e-9)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["{run}", "{tmp}/nowhere"], "is not a run folder"),
+    (["{run}@avg9", "{run}"], "needs 9 epoch checkpoints"),
+    (["{run}", "{run}", "--bs-n", "0"], "must be >= 1"),
+])
+def test_compare_bad_input_one_line(tiny_run, tmp_path, capsys, args, needle):
+    argv = [a.format(run=tiny_run, tmp=tmp_path) for a in args]
+    rc, out, err = lnexp(capsys, "compare", *argv)
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err

@@ -1,0 +1,147 @@
+"""``lnexp compare``: is the BLEU difference between two runs real?
+
+    lnexp compare RUN_A[@CKPT] RUN_B[@CKPT] [--split test|valid] [--checkpoint best|last|avgN]
+                  [--beam B] [--lenpen L] [--batch-size N] [--bs-n N] [--ar-n N] [--json]
+
+Both runs are decoded on the same sentences with ``lnexp evaluate``'s pipeline (same record files
+under RUN/eval/), then sacreBLEU's own paired tests compare B against the baseline A, for BLEU and
+chrF: paired bootstrap resampling (Koehn 2004; sacreBLEU's 1,000 resamples and 95% intervals) and
+approximate randomisation (Riezler and Maxwell 2005; 10,000 trials). The printed ``sacrebleu``
+command gives the same numbers from the written files. ``RUN@last`` picks a checkpoint per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from lnexp.errors import UserError
+
+TESTS = {"bs": "paired bootstrap", "ar": "approximate randomisation"}
+ALPHA = 0.05  # the significance level the verdict line uses
+
+
+def split_spec(spec: str, default: str) -> tuple[Path, str]:
+    """``RUN@CKPT`` -> (RUN, CKPT); a plain RUN takes ``--checkpoint``."""
+    from lnexp.evaluation.checkpoints import AVG
+
+    run, sep, ckpt = spec.rpartition("@")
+    if sep and (ckpt in ("best", "last") or AVG.fullmatch(ckpt)):
+        return Path(run), ckpt
+    return Path(spec), default
+
+
+def decode(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One side: ``lnexp evaluate``'s record (hypotheses, references, BLEU) for RUN@CKPT."""
+    from lnexp.evaluation.evaluate import evaluate
+    from lnexp.evaluation.runinfo import open_run
+
+    run_dir, ckpt = split_spec(spec, args.checkpoint)
+    if not (run_dir / "run.json").is_file():
+        raise UserError(f"{run_dir} is not a run folder (no run.json): pass two folders that lnexp "
+                        "train wrote, e.g. lnexp compare runs/default runs/placement=pre_ln")
+    ns = SimpleNamespace(checkpoint=ckpt, beam=args.beam, lenpen=args.lenpen,
+                         batch_size=args.batch_size, device=args.device, split=args.split,
+                         src=None, ref=None, name=None)
+    return evaluate(open_run(run_dir), ns)
+
+
+def read_lines(path: str) -> list[str]:
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def paired_tests(hyps_a: list[str], hyps_b: list[str], refs: list[str], names: tuple[str, str],
+                 n: dict[str, int]) -> dict[str, Any]:
+    """sacreBLEU's PairedTest, as its command line runs it (``--paired-bs``, ``--paired-ar``)."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    out: dict[str, Any] = {"metrics": {}, "signatures": {}}
+    for test in TESTS:
+        metrics = {"BLEU": BLEU(references=[refs]), "chrF": CHRF(references=[refs])}
+        sigs, scores = PairedTest([(names[0], hyps_a), (names[1], hyps_b)], metrics, references=None,
+                                  test_type=test, n_samples=n[test])()
+        out["signatures"][test] = {k: v.format() for k, v in sigs.items()}
+        for metric in (k for k in scores if k != "System"):  # sacreBLEU's names: BLEU, chrF2
+            base, system = scores[metric]
+            row = out["metrics"].setdefault(metric, {})
+            row.update(a=float(base.score), b=float(system.score),
+                       diff=float(system.score) - float(base.score))
+            row[f"p_{test}"] = float(system.p_value)
+            if test == "bs":  # numpy floats from sacreBLEU's resampling
+                row.update(a_mean=float(base.mean), a_ci=float(base.ci), b_mean=float(system.mean),
+                           b_ci=float(system.ci))
+    return out
+
+
+def sacrebleu_command(refs: str, hyps_a: str, hyps_b: str, test: str, n: int) -> str:
+    flag = {"bs": ["--paired-bs", "--paired-bs-n"], "ar": ["--paired-ar", "--paired-ar-n"]}[test]
+    return shlex.join(["sacrebleu", refs, "-i", hyps_a, hyps_b, "-m", "bleu", "chrf",
+                       flag[0], flag[1], str(n)])
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    a, b = decode(args.run_a, args), decode(args.run_b, args)
+    refs = read_lines(a["refs"])
+    if read_lines(b["refs"]) != refs:
+        raise UserError(f"{a['run']} and {b['run']} were scored against different references "
+                        f"({a['refs']}, {b['refs']}): compare runs of one corpus and split")
+    hyps_a, hyps_b = read_lines(a["hyps"]), read_lines(b["hyps"])
+    if not len(hyps_a) == len(hyps_b) == len(refs):
+        raise UserError(f"{len(hyps_a)} and {len(hyps_b)} hypotheses for {len(refs)} references: "
+                        "evaluate both runs again (lnexp evaluate RUN)")
+    n = {"bs": args.bs_n, "ar": args.ar_n}
+    result = paired_tests(hyps_a, hyps_b, refs, (a["hyps"], b["hyps"]), n)
+    side = ("run", "checkpoint", "beam", "lenpen", "hyps", "bleu", "chrf", "signature")
+    return {"a": {k: a[k] for k in side}, "b": {k: b[k] for k in side}, "set": a["set"],
+            "n": len(refs), "refs": a["refs"], "n_samples": n, **result,
+            "sacrebleu_commands": {t: sacrebleu_command(a["refs"], a["hyps"], b["hyps"], t, n[t])
+                                   for t in TESTS}}
+
+
+def report(r: dict[str, Any]) -> str:
+    a, b = r["a"], r["b"]
+    lines = [f"{r['set']} ({r['n']} sentences); baseline A = {a['run']} ({a['checkpoint']}, beam "
+             f"{a['beam']}), B = {b['run']} ({b['checkpoint']}, beam {b['beam']})",
+             f"  {'metric':<6} {'A':>6} {'B':>6} {'B-A':>6}  {'A mean ± 95% CI':>16}  "
+             f"{'B mean ± 95% CI':>16}  {'p (bootstrap)':>13}  {'p (approx. rand.)':>17}"]
+    for metric, m in r["metrics"].items():
+        lines.append(f"  {metric:<6} {m['a']:6.2f} {m['b']:6.2f} {m['diff']:+6.2f}  "
+                     f"{m['a_mean']:7.2f} ± {m['a_ci']:5.2f}   {m['b_mean']:7.2f} ± {m['b_ci']:5.2f}  "
+                     f"{m['p_bs']:13.4f}  {m['p_ar']:17.4f}")
+    for metric, m in r["metrics"].items():
+        real = m["p_bs"] < ALPHA and m["p_ar"] < ALPHA
+        lines.append(f"  {metric} difference {m['diff']:+.2f}: "
+                     + (f"significant at p < {ALPHA} by both tests" if real else
+                        f"not significant at p < {ALPHA} by both tests"))
+    for test, sigs in r["signatures"].items():
+        lines.append(f"  {TESTS[test]}: " + "; ".join(f"{k} {v}" for k, v in sigs.items()))
+    lines += [f"  same numbers: {cmd}" for cmd in r["sacrebleu_commands"].values()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    from lnexp.evaluation.evaluate import parser, quiet
+
+    ap = parser("lnexp compare", __doc__.split("\n\n")[0])
+    ap.add_argument("run_a", metavar="RUN_A[@CKPT]", help="the baseline run folder")
+    ap.add_argument("run_b", metavar="RUN_B[@CKPT]", help="the run compared against it")
+    ap.add_argument("--split", default="test", choices=("test", "valid"),
+                    help="a split of the runs' prepared corpus (default test)")
+    ap.add_argument("--bs-n", type=int, default=1000, help="bootstrap resamples (sacreBLEU's 1000)")
+    ap.add_argument("--ar-n", type=int, default=10000,
+                    help="approximate-randomisation trials (sacreBLEU's 10000)")
+    ap.add_argument("--json", action="store_true", help="also print the result as one JSON line")
+    args = ap.parse_args(argv)
+    if args.bs_n < 1 or args.ar_n < 1:
+        raise UserError(f"--bs-n {args.bs_n} / --ar-n {args.ar_n}: both must be >= 1")
+    quiet()
+    result = compare(args)
+    print(report(result), flush=True)
+    if args.json:
+        print(json.dumps(result), flush=True)
+    return 0
