@@ -1,6 +1,6 @@
 """``lnexp results``: the table of runs under a runs root, and the Python API figures read runs through.
 
-    lnexp results [KEY=VALUE ...] [--runs-root DIR] [--csv [PATH|-]]
+    lnexp results [KEY=VALUE ...] [--runs-root DIR] [--group-by KEY[,KEY]] [--csv [PATH|-]]
 
 A run is a directory holding ``.hydra/config.yaml`` or ``status.json`` (what ``lnexp train`` writes).
 Its configuration comes from ``run.json`` (resolved) or else Hydra's ``.hydra/config.yaml``; its
@@ -8,7 +8,9 @@ state from ``status.json``; its curves from ``metrics.jsonl``. Filters match tab
 (``placement=post_ln status=diverged experiment=fig2_mini``) or dotted config keys
 (``dataset.name=multi30k``); numbers compare as numbers (``lr=1e-3`` matches ``lr=0.001``); a key
 that is neither is an error. ``test_bleu`` is the latest ``lnexp evaluate`` of the test split
-(``RUN/eval/``), with the checkpoint it used.
+(``RUN/eval/``), with the checkpoint it used. ``--group-by placement,warmup`` prints one row per
+group instead: n, the seeds, and the mean ± half-width of the 95% t-interval of each score
+(``lnexp.stats``), plus the config keys other than the seed that vary inside the group.
 """
 
 from __future__ import annotations
@@ -262,6 +264,74 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
+# --- groups of runs (seeds): ``--group-by`` -----------------------------------------------------
+
+GROUP_VALUES = ("best_valid_loss", "best_bleu", "test_bleu")  # the scores a group is summarised on
+STAT_FIELDS = ("mean", "std", "n", "ci_low", "ci_high")
+
+
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix[:-1]: json.dumps(node, sort_keys=True, default=str)}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        out.update(_leaves(v, f"{prefix}{k}."))
+    return out
+
+
+def varying_keys(runs: list[Run], ignore: set[str]) -> list[str]:
+    """The config keys whose values differ between ``runs`` (besides ``ignore``)."""
+    leaves = [_leaves(r.config) for r in runs]
+    keys = sorted({k for d in leaves for k in d})
+    return [k for k in keys if k not in ignore and len({d.get(k) for d in leaves}) > 1]
+
+
+def group_rows(runs: list[Run], keys: list[str]) -> list[dict[str, Any]]:
+    """One row per distinct value of ``keys``: n, seeds and each score's seed statistics."""
+    from lnexp.stats import summarise
+
+    groups: dict[tuple[str, ...], list[Run]] = {}
+    for run in runs:
+        row = run.row()
+        value = tuple(_fmt(row[k] if k in row else run.get(k)) for k in keys)
+        groups.setdefault(value, []).append(run)
+    out = []
+    for value, members in sorted(groups.items(), key=lambda kv: [_order(v) for v in kv[0]]):
+        rows = [m.row() for m in members]
+        g: dict[str, Any] = {**dict(zip(keys, value, strict=True)), "n": len(members),
+                             "seeds": ",".join(sorted({_fmt(r["seed"]) for r in rows}, key=str)),
+                             "varies": ",".join(varying_keys(members, {"seed", *keys}))}
+        for col in GROUP_VALUES:
+            s = summarise([r[col] for r in rows])
+            g.update({f"{col}_{f}": x for f, x in zip(STAT_FIELDS, (s.mean, s.std, s.n, s.low, s.high),
+                                                      strict=True)})
+        out.append(g)
+    return out
+
+
+def _order(text: str) -> tuple[int, float, str]:
+    """Numbers sort as numbers (5e-4 before 1e-3), before text."""
+    try:
+        return (0, float(text), "")
+    except ValueError:
+        return (1, 0.0, text)
+
+
+def group_table(groups: list[dict[str, Any]], keys: list[str]) -> str:
+    from lnexp.stats import SeedSummary
+
+    head = [*keys, "n", "seeds", *GROUP_VALUES, "varies"]
+    cells = [head]
+    for g in groups:
+        stats = [SeedSummary(*(g[f"{c}_{f}"] for f in STAT_FIELDS)).text(3 if "loss" in c else 2)
+                 for c in GROUP_VALUES]
+        varies = g["varies"] if len(g["varies"]) <= 40 else g["varies"][:37] + "..."
+        cells.append([*(g[k] for k in keys), str(g["n"]), g["seeds"], *stats, varies or "-"])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
 def main(argv: list[str]) -> int:
     ap = ArgumentParser(prog="lnexp results", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -269,13 +339,18 @@ def main(argv: list[str]) -> int:
                                         "test_bleu: lnexp evaluate's latest on the test split")
     ap.add_argument("filters", nargs="*", help="KEY=VALUE, e.g. placement=post_ln warmup=0 status=diverged")
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (default: runs)")
+    ap.add_argument("--group-by", metavar="KEY[,KEY]",
+                    help="one row per group (e.g. placement,warmup): n, seeds, mean ± 95%% t-interval")
     ap.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",
                     help="write CSV to PATH (or stdout with - or no value) instead of the table")
     args = ap.parse_args(argv)
     filters = parse_filters(args.filters)
     if not args.runs_root.is_dir():
         raise UserError(f"no runs root {args.runs_root}: train first (lnexp train ...) or pass --runs-root")
-    rows = [r.row() for r in collect_runs(args.runs_root, **filters)]
+    runs = collect_runs(args.runs_root, **filters)
+    if args.group_by is not None:
+        return print_groups(runs, args)
+    rows = [r.row() for r in runs]
     if args.csv is not None:
         text = to_csv(rows)
         if args.csv == "-":
@@ -292,6 +367,35 @@ def main(argv: list[str]) -> int:
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
           + "  (losses in bits/token)")
+    return 0
+
+
+def print_groups(runs: list[Run], args: argparse.Namespace) -> int:
+    keys = [k.strip().replace("__", ".") for k in args.group_by.split(",") if k.strip()]
+    if not keys:
+        raise UserError("--group-by takes KEY[,KEY], e.g. --group-by placement,warmup")
+    check_filter_keys(runs, dict.fromkeys(keys, ""))
+    groups = group_rows(runs, keys)
+    if args.csv is not None:
+        fields = [*keys, "n", "seeds", "varies",
+                  *(f"{c}_{f}" for c in GROUP_VALUES for f in STAT_FIELDS)]
+        buf = io.StringIO()
+        csv.DictWriter(buf, fieldnames=fields, lineterminator="\n").writeheader()
+        csv.DictWriter(buf, fieldnames=fields, lineterminator="\n").writerows(groups)
+        if args.csv == "-":
+            sys.stdout.write(buf.getvalue())
+        else:
+            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.csv).write_text(buf.getvalue())
+            print(f"{len(groups)} groups -> {args.csv}")
+        return 0
+    if not groups:
+        match = " match " + " ".join(args.filters) if args.filters else ""
+        print(f"no runs under {args.runs_root}{match}")
+        return 0
+    print(group_table(groups, keys))
+    print(f"{len(groups)} groups of {len(runs)} runs; mean ± half-width of the 95% t-interval over "
+          "the group's runs (losses in bits/token)")
     return 0
 
 

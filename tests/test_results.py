@@ -88,3 +88,39 @@ def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, launcher
     table = lnexp_cmd("results", "--runs-root", str(runs), "status=diverged", cache=cache).stdout
     line = table.splitlines()[1].split()
     assert "diverged" in line and "3" in line
+
+
+def test_group_by_gives_seed_statistics_per_group(tmp_path, capsys):
+    """--group-by: mean, std, n and the 95% t-interval per group, in the table and the CSV."""
+    from scipy import stats
+
+    from lnexp.results import main
+
+    root = tmp_path / "runs"
+    finals = {("post_ln", 1): 7.0, ("post_ln", 2): 7.2, ("post_ln", 3): 7.4, ("pre_ln", 1): 6.2,
+              ("pre_ln", 2): 6.4}
+    for (placement, seed), v in finals.items():
+        fake_run(root, f"{placement}_s{seed}", "fig4_mini", placement=placement, seed=seed,
+                 valid=(v + 1, v), bleu=(1.0, 10 - v))
+    fake_run(root, "pre_ln_lr", "fig4_mini", placement="pre_ln", lr=5e-4, seed=3, valid=(7.6, 6.6),
+             bleu=(1.0, 3.4))
+    assert main(["--runs-root", str(root), "--group-by", "placement"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    post = next(ln for ln in out if ln.startswith("post_ln"))
+    half = stats.t.ppf(0.975, 2) * 0.2 / 3 ** 0.5  # std of 7.0, 7.2, 7.4 is 0.2
+    assert f"7.200 ± {half:.3f} (n=3)" in post and "1,2,3" in post
+    pre = next(ln for ln in out if ln.startswith("pre_ln"))
+    assert "(n=3)" in pre and pre.rstrip().endswith("lr")  # the lr runs are pooled, and it says so
+    assert "2 groups of 6 runs" in out[-1]
+    assert main(["--runs-root", str(root), "--group-by", "placement,lr", "--csv", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [(r["placement"], r["lr"], r["n"]) for r in rows] == [
+        ("post_ln", "0.001", "3"), ("pre_ln", "0.0005", "1"), ("pre_ln", "0.001", "2")]
+    lo, hi = float(rows[2]["best_valid_loss_ci_low"]), float(rows[2]["best_valid_loss_ci_high"])
+    assert (lo + hi) / 2 == pytest.approx(6.3) and hi - lo == pytest.approx(
+        2 * stats.t.ppf(0.975, 1) * stats.tstd([6.2, 6.4]) / 2 ** 0.5)
+    assert rows[1]["best_valid_loss_std"] == "nan" and rows[2]["varies"] == ""
+    from lnexp.errors import UserError
+
+    with pytest.raises(UserError, match="did you mean placement"):
+        main(["--runs-root", str(root), "--group-by", "placment"])
