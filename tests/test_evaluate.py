@@ -224,9 +224,34 @@ def test_plot_marks_diverged_runs_and_names_what_differs(tmp_path, capsys):
                        "--out", str(tmp_path / "fig" / "upd"))
     assert rc == 0, err
     rows = (tmp_path / "fig" / "upd.csv").read_text().splitlines()
-    assert sum(r.endswith((",loss,1,9.5", ",loss,2,9.1")) for r in rows) == 2
+    assert sum(r.endswith((",loss,1,9.5,1,,", ",loss,2,9.1,1,,")) for r in rows) == 2
     rc, _, err = lnexp(capsys, "plot", str(root / "pre_w0"), "--metric", "loss", "--out", str(tmp_path / "f"))
     assert rc == 2 and "no run logged 'loss'" in err
+
+
+def test_plot_draws_one_line_with_a_band_per_group_of_seeds(tmp_path, capsys):
+    import csv
+
+    from scipy import stats
+
+    root = tmp_path / "runs"
+    for seed, last in ((1, 7.0), (2, 7.2), (3, 7.7)):
+        fake_run(root, f"post_s{seed}", "x", seed=seed, valid=(9.0, last))
+    fake_run(root, "pre_s1", "x", placement="pre_ln", valid=(8.0, 6.5))
+    rc, _, err = lnexp(capsys, "plot", "--runs-root", str(root), "--out", str(tmp_path / "bands"))
+    assert rc == 0, err
+    rows = list(csv.DictReader(open(tmp_path / "bands.csv", newline="")))
+    post = [r for r in rows if r["metric"] == "valid_loss" and r["run"].count(",") == 2]
+    assert [r["label"] for r in post] == ["placement=post_ln (mean of 3 seeds, 95% CI)"] * 2
+    last = post[-1]
+    half = stats.t.ppf(0.975, 2) * stats.tstd([7.0, 7.2, 7.7]) / 3 ** 0.5
+    assert float(last["y"]) == pytest.approx(7.3, abs=1e-5) and last["n"] == "3"
+    assert float(last["high"]) - float(last["low"]) == pytest.approx(2 * half, abs=1e-4)
+    assert [r["label"] for r in rows if r["run"] == "pre_s1"][0] == "placement=pre_ln"
+    rc, _, err = lnexp(capsys, "plot", "--runs-root", str(root), "--seeds", "each", "--out",
+                       str(tmp_path / "each"))
+    labels = {r["label"] for r in csv.DictReader(open(tmp_path / "each.csv", newline=""))}
+    assert rc == 0 and "placement=post_ln, seed=2" in labels and len(labels) == 4
 
 
 def test_several_runs_a_broken_one_is_reported_and_the_others_evaluated(tiny_run, tmp_path, capsys):

@@ -1,14 +1,16 @@
 """``lnexp plot``: any runs' curves in one figure, one panel per metric.
 
     lnexp plot [RUN ...] [KEY=VALUE ...] [--runs-root DIR] [--metric valid_loss,valid_bleu]
-               [--x epoch|updates|wall] --out FILE
+               [--x epoch|updates|wall] [--seeds band|each] --out FILE
 
 RUN is a run folder or a folder of runs (a sweep); without one, every run under --runs-root.
 Metrics are metrics.jsonl fields (per epoch) or, with ``--x updates``, updates.csv fields (per
 update: loss, nll_loss, gnorm, lr).
 KEY=VALUE filters as ``lnexp results`` does. The legend names each run by what differs between
 the runs' configs. A diverged run ends in a cross; a run that did not finish (failed, running,
-interrupted) is dashed. Writes FILE.png, FILE.pdf and FILE.csv (the plotted points).
+interrupted) is dashed. Runs that differ only by their seed are one line, the mean over the seeds,
+with a band: the 95% t-interval of the mean at each point (``--seeds each`` draws every run).
+Writes FILE.png, FILE.pdf and FILE.csv (the plotted points, with n and the band's ends).
 """
 
 from __future__ import annotations
@@ -75,30 +77,73 @@ def _series(run: Run, metric: str, xkey: str) -> tuple[list[float], list[float]]
             [float(r[metric]) if r.get(metric) not in (None, "") else math.nan for r in rows])
 
 
-def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
+def seed_groups(runs: list[Run], keys: list[str]) -> list[list[Run]]:
+    """Runs whose legend keys other than ``seed`` agree, in first-seen order."""
+    groups: dict[tuple[str, ...], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(repr(run.get(k)) for k in keys if k != "seed"), []).append(run)
+    return list(groups.values())
+
+
+def band(members: list[Run], metric: str, xkey: str) -> list[tuple[float, Any]]:
+    """(x, seed summary) per point: per-epoch metrics meet at each epoch (x: the members' mean
+    there, so ``--x wall`` works too), per-update ones at each update."""
+    from lnexp.stats import summarise
+
+    at: dict[float, list[tuple[float, float]]] = {}
+    for run in members:
+        xs, ys = _series(run, metric, xkey)
+        where = run.series("epoch") if any(metric in r for r in run.metrics) else xs
+        for w, a, b in zip(where, xs, ys, strict=True):
+            at.setdefault(w, []).append((a, b))
+    return [(sum(a for a, _ in v) / len(v), summarise([b for _, b in v])) for _, v in sorted(at.items())]
+
+
+def draw(runs: list[Run], metrics: list[str], x: str, out: Path, seeds: str = "band") -> list[Path]:
     from lnexp.figures import style
     from lnexp.figures.measured import write_csv
 
     plt = style.setup()
     xkey, xlabel = X_KEYS[x]
     keys = legend_keys(runs)
+    groups = seed_groups(runs, keys) if seeds == "band" else [[r] for r in runs]
+    if any(len(g) > 1 for g in groups):  # the seed is what a band averages over: not a label
+        keys = [k for k in keys if k != "seed"]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.3), squeeze=False)
     points = []
-    for i, run in enumerate(runs):
+    for i, members in enumerate(groups):
+        run = members[0]
         name = label(run, keys)
+        if len(members) > 1:
+            name += f" (mean of {len(members)} seeds, 95% CI)"
         color = style.COLORS.get(str(run.get("placement.name"))) if len(
-            {r.get("placement.name") for r in runs}) == len(runs) else None
+            {r.get("placement.name") for r in runs}) == len(groups) else None
         color = color or f"C{i % 10}"
         for ax, metric in zip(axes[0], metrics, strict=True):
-            xs, ys = _series(run, metric, xkey)
             per_update = metric in PER_UPDATE and not any(metric in r for r in run.metrics)
-            ax.plot(xs, ys, color=color, marker=None if per_update else "o", ms=3, label=name,
-                    lw=0.8 if per_update else 1.5, ls="--" if run.state in UNFINISHED else "-")
-            finite = [(a, b) for a, b in zip(xs, ys, strict=True) if math.isfinite(b)]
-            if run.diverged and finite:
-                ax.plot(*finite[-1], marker="x", ms=9, mew=2, color=color)
-            points += [{"run": run.name, "label": name, "status": run.state, "metric": metric,
-                        "x": a, "y": b} for a, b in zip(xs, ys, strict=True)]
+            dashed = any(m.state in UNFINISHED for m in members)
+            style_kw = dict(color=color, marker=None if per_update else "o", ms=3, label=name,
+                            lw=0.8 if per_update else 1.5, ls="--" if dashed else "-")
+            if len(members) == 1:
+                xs, ys = _series(run, metric, xkey)
+                ax.plot(xs, ys, **style_kw)
+                points += [{"run": run.name, "label": name, "status": run.state, "metric": metric,
+                            "x": a, "y": b, "n": 1} for a, b in zip(xs, ys, strict=True)]
+            else:
+                pts = band(members, metric, xkey)
+                xs, ys = [a for a, _ in pts], [s.mean for _, s in pts]
+                ax.plot(xs, ys, **style_kw)
+                ax.fill_between(xs, [s.low for _, s in pts], [s.high for _, s in pts], color=color,
+                                alpha=0.2, lw=0)
+                points += [{"run": ",".join(m.name for m in members), "label": name,
+                            "status": ",".join(sorted({m.state for m in members})), "metric": metric,
+                            "x": a, "y": s.mean, "n": s.n, "low": s.low, "high": s.high}
+                           for a, s in pts]
+            for m in members:
+                mx, my = _series(m, metric, xkey)
+                finite = [(a, b) for a, b in zip(mx, my, strict=True) if math.isfinite(b)]
+                if m.diverged and finite:
+                    ax.plot(*finite[-1], marker="x", ms=9, mew=2, color=color)
     from matplotlib.ticker import MaxNLocator
 
     for ax, metric in zip(axes[0], metrics, strict=True):
@@ -107,14 +152,15 @@ def draw(runs: list[Run], metrics: list[str], x: str, out: Path) -> list[Path]:
         if x != "wall":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles, labels = axes[0][0].get_legend_handles_labels()
-    wide = len(runs) > 6 or max(len(s) for s in labels) > 40
+    wide = len(groups) > 6 or max(len(s) for s in labels) > 40
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0),
-               ncol=1 if wide else min(len(runs), 3))
+               ncol=1 if wide else min(len(groups), 3))
     fig.tight_layout()
     note = "x: diverged; dashed: did not finish" if any(
         r.diverged or r.state in UNFINISHED for r in runs) else None
     paths = style.save(fig, out.parent, out.stem, note)
-    write_csv(out.with_suffix(".csv"), ("run", "label", "status", "metric", "x", "y"), points)
+    write_csv(out.with_suffix(".csv"), ("run", "label", "status", "metric", "x", "y", "n", "low", "high"),
+              points)
     return [*paths, out.with_suffix(".csv")]
 
 
@@ -126,6 +172,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--metric", default="valid_loss,valid_bleu",
                     help="comma-separated metrics.jsonl fields, one panel each")
     ap.add_argument("--x", default="epoch", choices=tuple(X_KEYS))
+    ap.add_argument("--seeds", default="band", choices=("band", "each"),
+                    help="runs that differ only by seed: one mean line with its 95%% band (default), "
+                         "or each run")
     ap.add_argument("--out", required=True, type=Path, help="FILE: writes FILE.png, FILE.pdf, FILE.csv")
     args = ap.parse_args(argv)
     # run folders are named by their overrides (``lr=1e-3,warmup=0``): a folder is never a filter
@@ -150,6 +199,6 @@ def main(argv: list[str]) -> int:
             raise UserError(f"no run logged {m!r}: use fields of metrics.jsonl, e.g. "
                             f"{', '.join(sorted(k for k in known if k.startswith('valid_')))}")
     out = args.out.with_suffix("") if args.out.suffix in (".png", ".pdf") else args.out
-    for p in draw(runs, metrics, args.x, out):
+    for p in draw(runs, metrics, args.x, out, args.seeds):
         print(p)
     return 0
