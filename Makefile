@@ -33,8 +33,11 @@ $(STAMP): pyproject.toml
 demo: install
 	$(LNEXP) train max_epoch=2
 
+# Two pytest workers of one thread each, a test file per worker (its module fixtures built once):
+# the suite's imports, subprocess starts and tokenisers run side by side. TEST_JOBS=0 runs serially.
+TEST_JOBS   ?= 2
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile)
 
 lint: install
 	$(BIN)/ruff check lnexp tests scripts

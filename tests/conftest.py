@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Under `make test` two pytest-xdist workers share the 2 cores: one thread each, so that they never
+# oversubscribe them (two processes that each take every core run several times slower each).
+os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -20,7 +20,7 @@ SCRIPTS = REPO / "scripts"
 def bench_env(tmp_path_factory) -> dict[str, str]:
     cache = tmp_path_factory.mktemp("bench_cache")
     return {**os.environ, "LNEXP_CACHE": str(cache), "PYTHONWARNINGS": "ignore",
-            "OMP_NUM_THREADS": "2"}
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
 
 
 def run_script(name: str, *args: str, env: dict[str, str], timeout: int = 300) -> str:
