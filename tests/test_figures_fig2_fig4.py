@@ -54,6 +54,8 @@ def fig2_runs(root: Path, stalled_second_seed: float = 8.9, seeds: int = 3,
 
 
 def test_fig2_checks_measure_the_contrast_in_bits(tmp_path):
+    from scipy import stats
+
     from lnexp.figures import fig2
 
     fig2_runs(tmp_path / "runs")
@@ -65,6 +67,11 @@ def test_fig2_checks_measure_the_contrast_in_bits(tmp_path):
     assert seeds[0]["gap_bits"] == pytest.approx(2.1)
     assert seeds[0]["gap_nats"] == pytest.approx(2.1 * math.log(2), abs=1e-4)  # bits -> nats, shown only
     assert main["measured"]["mean_bleu_ratio"] == pytest.approx(0.5 / 6.7, abs=1e-4)
+    gaps = [s["gap_bits"] for s in seeds]  # the mean gap over seeds, with its 95% t-interval
+    half = stats.t.ppf(0.975, 2) * stats.tstd(gaps) / 3 ** 0.5
+    assert main["measured"]["gap_ci95_bits"] == pytest.approx(
+        [sum(gaps) / 3 - half, sum(gaps) / 3 + half], abs=1e-4)
+    assert "95% t-interval [" in main["ours"]
     assert doc["all_required_pass"] is True
     for ext in ("png", "pdf", "csv"):
         assert (tmp_path / "fig" / f"fig2.{ext}").stat().st_size > 0

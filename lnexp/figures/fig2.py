@@ -20,6 +20,7 @@ from typing import Any
 
 from lnexp.figures import runs as R
 from lnexp.results import Run
+from lnexp.stats import summarise
 
 MIN_SEEDS = 3  # the contrast must hold on every seed, and there must be at least this many
 GAP_BITS = 1.0  # valid loss, no warm-up minus warm-up, per seed (bits/token)
@@ -81,7 +82,9 @@ def contrast(adam: list[Run], lr: float = 1e-3) -> dict[str, Any]:
     bleu_b = sum(s["bleu_warmup"] for s in per_seed) / n if n else None
     gaps_ok = n >= MIN_SEEDS and all(s["gap_ok"] for s in per_seed)
     bleu_ok = bool(n and bleu_a <= BLEU_FRACTION * bleu_b)
-    return {"lr": lr, "long_warmup": long_w, "per_seed": per_seed, "seeds": n, "min_seeds": MIN_SEEDS,
+    gap = summarise([s["gap_bits"] for s in per_seed])  # reported beside the per-seed rule
+    return {"lr": lr, "gap_mean_bits": R._r(gap.mean), "gap_ci95_bits": [R._r(gap.low), R._r(gap.high)],
+            "long_warmup": long_w, "per_seed": per_seed, "seeds": n, "min_seeds": MIN_SEEDS,
             "gap_threshold_bits": GAP_BITS, "mean_bleu_no_warmup": R._r(bleu_a),
             "mean_bleu_warmup": R._r(bleu_b),
             "mean_bleu_ratio": R._r(bleu_a / bleu_b) if n and bleu_b > 0 else None,
@@ -108,6 +111,10 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[dict[str, Any]]:
                          f"{R.fmt(s['valid_loss_warmup'])} bits, gap {s['gap_bits']:+.2f} bits "
                          f"{_mark(s['gap_ok'])}, BLEU {R.fmt(s['bleu_no_warmup'])} vs "
                          f"{R.fmt(s['bleu_warmup'])}" for s in c["per_seed"])
+        lo, hi = c["gap_ci95_bits"]
+        if c["seeds"] > 1:
+            ours += (f"; mean gap {c['gap_mean_bits']:+.2f} bits, 95% t-interval [{lo:+.2f}, {hi:+.2f}] "
+                     f"over {c['seeds']} seeds")
         ours += (f"; mean BLEU {R.fmt(c['mean_bleu_no_warmup'])} vs {R.fmt(c['mean_bleu_warmup'])} "
                  f"(ratio {R.fmt(c['mean_bleu_ratio'])}) {_mark(c['bleu_ok'])}; {c['seeds']} of the "
                  f"{MIN_SEEDS} seeds needed")
