@@ -281,18 +281,36 @@ def batch_iterator(task, split: str, max_tokens: int = 8192, max_sentences: int 
         yield ds.collater([ds[j] for j in batch])
 
 
-def generate_batches(task, split: str, model, max_sentences: int):
-    """Batches of a split exactly as fairseq-generate forms them (its defaults: sorted by source
-    then target length, --required-batch-size-multiple 8, no shuffling). The length limit of a
-    hypothesis depends on the longest source in its batch, so reproducing fairseq-generate's
-    output needs its batches."""
-    from fairseq import utils
+# fairseq-generate's batching flags as lnexp prints them. fairseq's default
+# --required-batch-size-multiple 8 silently drops the last (n mod 8) sentences of a set: its
+# batch_by_size (fairseq/data/data_utils.py) cuts the last batch to a multiple of 8 and then drops
+# the rest, so every sentence only gets a hypothesis with a multiple of 1.
+GENERATE_BATCH_MULTIPLE = 1
+GENERATE_SEED = 1  # fairseq-generate's --seed: its batches are those of epoch 1 under this seed
 
-    return task.get_batch_iterator(
-        dataset=task.dataset(split), max_tokens=None, max_sentences=max_sentences,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=False, required_batch_size_multiple=8, seed=1,
-    ).next_epoch_itr(shuffle=False)
+
+def generate_batches(task, split: str, model, max_sentences: int, ids=None):
+    """Batches of a split (or of its examples ``ids``) as ``fairseq-generate --batch-size
+    max_sentences --required-batch-size-multiple 1`` forms them: fairseq's own order (sorted by
+    source then target length, ties in the order of its seeded permutation), its size filter, its
+    ``batch_by_size``; no shuffling. The length limit of a hypothesis depends on the longest source
+    in its batch, so reproducing fairseq-generate's output needs its batches."""
+    import numpy as np
+    from fairseq import utils
+    from fairseq.data import data_utils
+
+    ds = task.dataset(split)
+    with data_utils.numpy_seed(GENERATE_SEED + 1):  # get_batch_iterator's seed + epoch
+        order = ds.ordered_indices()
+    if ids is not None:
+        keep = np.zeros(len(ds), dtype=bool)
+        keep[np.fromiter(ids, dtype=np.int64)] = True
+        order = order[keep[order]]
+    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    order = task.filter_indices_by_size(order, ds, max_positions, ignore_invalid_inputs=False)
+    for batch in ds.batch_by_size(order, max_tokens=None, max_sentences=max_sentences,
+                                  required_batch_size_multiple=GENERATE_BATCH_MULTIPLE):
+        yield ds.collater([ds[int(i)] for i in batch])
 
 
 # Hypotheses up to 1.2 x source + 10 tokens: untrained models stop early instead of at 200.

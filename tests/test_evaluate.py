@@ -16,9 +16,10 @@ from tests.test_figures_fig2_fig4 import fake_run
 
 # As tests/test_train.py's SMALL, but 2+2 layers and 6 updates an epoch at a low constant lr:
 # 2 epochs in seconds, and a barely trained model whose translations differ from sentence to
-# sentence (so that comparing two decoders' outputs means something).
+# sentence (so that comparing two decoders' outputs means something). The per-epoch BLEU decodes
+# all 60 validation sentences (not a multiple of 8), as `lnexp evaluate --split valid` does.
 TINY = ["dataset.vocab_size=600", "scale.max_tokens=4000", "depth.encoder_layers=2",
-        "depth.decoder_layers=2", "lr=1e-4", "warmup=0", "schedule=constant", "eval.subset=5",
+        "depth.decoder_layers=2", "lr=1e-4", "warmup=0", "schedule=constant",
         "divergence.plateau_epoch=99", "max_epoch=2", "checkpoint.keep_last_epochs=2"]
 
 
@@ -309,3 +310,56 @@ def test_compare_bad_input_one_line(tiny_run, tmp_path, capsys, args, needle):
     argv = [a.format(run=tiny_run, tmp=tmp_path) for a in args]
     rc, out, err = lnexp(capsys, "compare", *argv)
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_evaluate_on_valid_equals_the_logged_epoch_bleu(tiny_run, capsys):
+    """Same checkpoint (epoch 2 = last), beam, lenpen and batch size: the BLEU and every line that
+    `lnexp evaluate --split valid` writes equal what training logged for that epoch; 60 sentences,
+    4 of which fairseq's default batching (a multiple of 8) would leave untranslated."""
+    r = evaluate(capsys, tiny_run, "--split", "valid", "--checkpoint", "last", "--beam", "1")
+    logged = [json.loads(ln) for ln in (tiny_run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert r["n"] == 60 and logged["epoch"] == 2
+    assert r["bleu"] == logged["valid_bleu"]
+    epoch_hyps = (tiny_run / "hyps" / "valid_epoch002.txt").read_text().splitlines()
+    assert Path(r["hyps"]).read_text().splitlines() == epoch_hyps and len(epoch_hyps) == 60
+    assert "--required-batch-size-multiple 1" in r["fairseq_command"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_run):
+    from lnexp.evaluation import checkpoints
+    from lnexp.evaluation.runinfo import open_run
+
+    run = open_run(tiny_run)
+    model, task = checkpoints.load(checkpoints.resolve(run.dir, "last"), run.data.bin_dir, "cpu")
+    return run, model, task
+
+
+def test_every_source_sentence_gets_its_hypothesis(tiny_model):
+    """Sets of 1 to 17 sentences and Multi30k's 1,014 validation sentences: each one batched once
+    and translated once (greedy); fairseq's stock batching (multiple of 8) is refused, not scored."""
+    from lnexp import fairseq_adapter as fa
+    from lnexp.data.text import read_lines
+    from lnexp.evaluation.inputs import encoder, text_level
+    from lnexp.train.evaluate import MissingHypotheses, generate
+
+    run, model, task = tiny_model
+    encode = encoder(run.data)
+    src = text_level(run, read_lines(REPO / "data" / "multi30k" / "val.de.gz"), run.data.src)
+    assert len(src) == 1014
+    # the first 2 pieces of each sentence: short hypotheses keep 1,014 greedy decodes cheap
+    short = [" ".join(encode(x).split()[:2]) for x in src]
+    fa.add_inference_split(task, "val", short)
+    decode = run.data.decoder()
+    for n in [*range(1, 18), 1014]:
+        batched = [i for b in fa.generate_batches(task, "val", model, 256, range(n))
+                   for i in b["id"].tolist()]
+        assert sorted(batched) == list(range(n)), n
+    for n in [*range(1, 18), 1014]:
+        hyps = generate(task, model, "val", "cpu", 1, 1.0, 256, decode, range(n))
+        assert len(hyps) == n and all(hyps), n  # the lost ones came back as empty lines
+    fa.add_inference_split(task, "val13", short[:13])
+    stock = task.get_batch_iterator(dataset=task.dataset("val13"), max_sentences=256,
+                                    required_batch_size_multiple=8).next_epoch_itr(shuffle=False)
+    with pytest.raises(MissingHypotheses, match="5 of the 13 val13 sentences got no hypothesis"):
+        generate(task, model, "val13", "cpu", 1, 1.0, 256, decode, range(13), batches=stock)

@@ -64,7 +64,8 @@ def fairseq_command(data_dir: str, ckpt: Path, split: str, raw: bool, data, beam
     flags = dict(user_dir=USER_DIR, path=ckpt, task="translation", source_lang=data.src,
                  target_lang=data.tgt, gen_subset=split, dataset_impl="raw" if raw else None,
                  beam=beam, lenpen=lenpen, max_len_a=fa.MAX_LEN_A, max_len_b=fa.MAX_LEN_B,
-                 batch_size=batch, post_process=data.subword, cpu=device == "cpu")
+                 batch_size=batch, required_batch_size_multiple=fa.GENERATE_BATCH_MULTIPLE,
+                 seed=fa.GENERATE_SEED, post_process=data.subword, cpu=device == "cpu")
     return shlex.join(["fairseq-generate", *fa.flags_to_argv(data_dir, flags)]) + \
         " 2>/dev/null | grep ^H- | sort -V | cut -f3-"
 
@@ -72,7 +73,6 @@ def fairseq_command(data_dir: str, ckpt: Path, split: str, raw: bool, data, beam
 def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     import sacrebleu
 
-    from lnexp import fairseq_adapter as fa
     from lnexp.evaluation import checkpoints
     from lnexp.evaluation.inputs import prepare_test_set
     from lnexp.train.evaluate import BleuScorer, generate
@@ -90,7 +90,7 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     task.load_dataset(split, combine=False, epoch=1)
     scorer = BleuScorer(task, data, beam, lenpen, batch, 0, split)
     hyps_tok = generate(task, model, split, device, beam, lenpen, batch, scorer.decode,
-                        range(scorer.n), fa.generate_batches(task, split, model, batch))
+                        range(scorer.n))
     score, hyps = scorer.score_translations(hyps_tok)
     chrf = sacrebleu.metrics.CHRF()
     chrf_score = chrf.corpus_score(hyps, [scorer.refs]).score

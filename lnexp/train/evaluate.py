@@ -17,6 +17,7 @@ import torch
 from lnexp import fairseq_adapter as fa
 from lnexp.data.corpus import PreparedData
 from lnexp.data.text import write_lines
+from lnexp.errors import UserError
 
 
 @dataclass
@@ -66,6 +67,9 @@ class BleuScorer:
         return self._detok(text)
 
     def translate(self, model, device: str) -> list[str]:
+        """Hypotheses of the first ``n`` sentences, batched as fairseq-generate batches them (so
+        that ``lnexp evaluate --split valid`` with the same beam, lenpen and batch size gives
+        this BLEU)."""
         return generate(self.task, model, self.split, device, self.beam, self.lenpen,
                         self.max_sentences, self.decode, range(self.n))
 
@@ -79,6 +83,9 @@ class BleuScorer:
         """BLEU (and bleu_tok) of translations at the text level; returns them detokenised too."""
         import sacrebleu
 
+        if len(hyps_tok) != len(self.refs):
+            raise MissingHypotheses(f"{len(hyps_tok)} hypotheses for {len(self.refs)} "
+                                    f"{self.split} references: no BLEU is reported")
         hyps = [self.detok(h) for h in hyps_tok]
         bleu = sacrebleu.metrics.BLEU()
         result = bleu.corpus_score(hyps, [self.refs])
@@ -88,18 +95,22 @@ class BleuScorer:
         return v, hyps
 
 
+class MissingHypotheses(UserError):
+    """Fewer hypotheses than source sentences: a score over them would be silently wrong."""
+
+
 def generate(task, model, split: str, device: str, beam: int, lenpen: float, max_sentences: int,
              decode, ids, batches=None) -> list[str]:
     """Beam-search translations of the examples ``ids`` of a split, in that order, decoded from
-    subword pieces by ``decode``; an example fairseq could not batch gets an empty line.
-    ``batches``: how to group them (default: length-sorted batches of ``max_sentences``)."""
+    subword pieces by ``decode``. ``batches``: how to group them (default: fairseq-generate's
+    batches of ``max_sentences``, :func:`lnexp.fairseq_adapter.generate_batches`). Raises
+    :class:`MissingHypotheses` unless every example got exactly one hypothesis."""
     model.eval()
     generator = fa.sequence_generator(task, model, beam, lenpen)
     tgt_dict = task.target_dictionary
     ids = list(ids)
     if batches is None:
-        batches = fa.batch_iterator(task, split, max_tokens=1 << 30, max_sentences=max_sentences,
-                                    ids=ids)
+        batches = fa.generate_batches(task, split, model, max_sentences, ids)
     hyps: dict[int, str] = {}
     with torch.no_grad():
         for sample in batches:
@@ -108,7 +119,20 @@ def generate(task, model, split: str, device: str, beam: int, lenpen: float, max
                     generator, [model], sample), strict=True):
                 pieces = tgt_dict.string(out[0]["tokens"].int().cpu())
                 hyps[sid] = decode(pieces)
-    return [hyps.get(i, "") for i in ids]
+    check_complete(split, ids, hyps)
+    return [hyps[i] for i in ids]
+
+
+def check_complete(split: str, ids: list[int], hyps: dict[int, str]) -> None:
+    """Every source sentence has its hypothesis, and nothing else was decoded."""
+    missing = [i for i in ids if i not in hyps]
+    if missing or len(hyps) != len(ids):
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        raise MissingHypotheses(
+            f"{len(missing)} of the {len(ids)} {split} sentences got no hypothesis "
+            f"(ids {shown or 'none'}; {len(hyps)} decoded): no BLEU is reported. The batches "
+            "lost sentences: decode with lnexp.fairseq_adapter.generate_batches "
+            "(fairseq-generate needs --required-batch-size-multiple 1)")
 
 
 def detokenizer(data: PreparedData) -> Callable[[str], str]:
