@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lnexp.errors import ConfigError
 from lnexp.names import NORMS, PLACEMENTS, PRECISIONS, SCHEDULES
+from lnexp.scheme import Norm, Placement
 
 # A link to the top-level configs/ in a checkout; the YAML files themselves in an installed wheel.
 CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
@@ -228,7 +229,11 @@ def validate(cfg: DictConfig) -> None:
         n = cfg.depth[side]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"depth.{side}={n!r} must be a whole number of layers >= 1")
-    checks = [("norm", cfg.norm, NORMS), ("precision", cfg.precision, PRECISIONS),
+    try:  # the placement and norm groups' structure (lnexp/scheme.py)
+        Placement.from_config(cfg.placement), Norm.from_config(cfg.norm)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    checks = [("norm", cfg.norm.name, NORMS), ("precision", cfg.precision, PRECISIONS),
               ("device", cfg.device, ("auto", "cpu", "cuda")),
               ("placement", cfg.placement.name, PLACEMENTS),
               ("schedule", cfg.schedule.name, SCHEDULES)]

@@ -1,8 +1,13 @@
 """The choices of each axis of the study and the architectures' sizes, importable without torch or
 fairseq (the CLI's start-up path, settings and the report read them)."""
 
-PLACEMENTS = ("post_ln", "pre_ln", "peri_ln", "deepnorm")
-NORMS = ("layernorm", "rmsnorm")
+from pathlib import Path
+
+# The placements of 2020 first (the figures' order), then every other configs/placement/*.yaml
+_FIRST = ("post_ln", "pre_ln", "peri_ln", "deepnorm")
+_PLACEMENT_DIR = Path(__file__).parent / "configs" / "placement"
+PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in _PLACEMENT_DIR.glob("*.yaml") if p.stem not in _FIRST))
+NORMS = ("layernorm", "rmsnorm", "dyt")
 SCHEDULES = ("inverse_sqrt", "constant", "step", "linear")
 PRECISIONS = ("fp32", "bf16", "fp16")
 

@@ -66,18 +66,24 @@ def simplified_layers(placement: str, d: int, n_layers: int, seed: int = 0,
     """lnexp's real encoder layers in Xiong et al.'s setting: one head, W_Q = W_K = 0 (uniform
     attention), FFN width d with ReLU, Xavier-normal weights (variance 1/d), zero biases, unit LN
     gains, no dropout."""
+    from types import SimpleNamespace
+
     from lnexp.model.layers import LNEncoderLayer
     from lnexp.model.placement import ResidualSpec
     from lnexp.model.transformer import LNTransformerConfig
+    from lnexp.scheme import placement_of
 
     cfg = LNTransformerConfig()
     cfg.encoder.embed_dim = cfg.encoder.ffn_embed_dim = d
     cfg.encoder.attention_heads = 1
     cfg.dropout = cfg.attention_dropout = cfg.activation_dropout = 0.0
     cfg.activation_fn = "relu"
-    spec = ResidualSpec(placement, residual_scale)
+    scheme = placement_of(SimpleNamespace(placement=placement))
     torch.manual_seed(seed)
-    layers = nn.ModuleList(LNEncoderLayer(cfg, spec) for _ in range(n_layers))
+    layers = nn.ModuleList(
+        LNEncoderLayer(cfg, ResidualSpec.for_layer(scheme, residual_scale, "encoder", i + 1,
+                                                   n_layers, n_layers))
+        for i in range(n_layers))
     for layer in layers:
         attn = layer.self_attn
         for lin in (attn.v_proj, attn.out_proj, layer.fc1, layer.fc2):

@@ -92,7 +92,8 @@ class Run:
         test = self.test or {}
         return {
             "run": self.name, "experiment": self.experiment, "dataset": self.get("dataset.name"),
-            "scale": self.scale, "placement": self.get("placement.name"), "norm": self.get("norm"),
+            "scale": self.scale, "placement": self.get("placement.name"),
+            "norm": self.get("norm.name", self.get("norm")),  # a string in runs before the norm group
             "residual_scale": self.get("residual_scale"), "optimizer": self.get("optimizer.name"),
             "lr": self.get("lr"), "warmup": self.get("warmup"), "schedule": self.get("schedule.name"),
             "depth": f"{enc}+{dec}" if enc is not None else None, "params": self.params,

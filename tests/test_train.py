@@ -18,12 +18,14 @@ SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "di
 
 @pytest.mark.parametrize("override,needle", [
     ("placement=prelayernorm", "placement=prelayernorm is not an option of the placement group: use "
-                               "one of deepnorm, peri_ln, post_ln, pre_ln"),
+                               "one of b2t, deepnorm, "),
     ("optimizer=adamw", "optimizer=adamw is not an option of the optimizer group: use one of adam"),
     ("lr=0", "lr=0 must be a positive number"),
     ("lr=-1e-3", "must be a positive number"),
     ("warmup=-10", "warmup=-10 must be a whole number"),
-    ("norm=batchnorm", "norm='batchnorm' is not one of"),
+    ("norm=batchnorm", "norm=batchnorm is not an option of the norm group: use one of dyt, "
+                       "layernorm, rmsnorm"),
+    ("placement.input_norm=true", "input_norm and sum_norm share one norm"),
     ("learning_rate=1e-3", "Could not override 'learning_rate'"),
     ("dataset.dir=/nonexistent/multi30k", "lacks train.de.gz"),
     ("dataset=wmt14_en_de", "lnexp prepare wmt14"),

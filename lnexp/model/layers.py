@@ -1,11 +1,14 @@
-"""Encoder and decoder layers whose LayerNorms sit where a ``ResidualSpec`` says.
+"""Encoder and decoder layers whose norms sit where a ``ResidualSpec`` says.
 
 They subclass fairseq's layers so that parameters are created in the same order, with the same
 names and the same random draws: with Post-/Pre-LN a checkpoint of fairseq's stock ``transformer``
-loads unchanged and computes the same numbers.
+loads unchanged and computes the same numbers. Whatever a placement adds (output norms, ReZero's
+gates, QK-norms) is created after fairseq's draws and draws nothing random itself.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from fairseq.modules.transformer_layer import (
@@ -14,38 +17,86 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
-from lnexp.model.norms import make_norm
-from lnexp.model.placement import ResidualSpec, deepnorm_init_, residual_step
+from lnexp.model.norms import is_fairseq_layernorm, make_norm
+from lnexp.model.placement import ResidualSpec, init_layer_, residual_step
+from lnexp.scheme import STRUCTURES, Norm
 
 
-def _install_norms(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec, kind: str) -> None:
-    """Replace fairseq's LayerNorms by the configured norm and add Peri-LN's output norms."""
+def _install_norms(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec, norm: Norm) -> None:
+    """For each sub-layer: its main norm (input or sum), its output norm and its gate, as ``spec``
+    says; fairseq's own LayerNorm module is kept where it is the configured norm."""
     dim = layer.embed_dim
     for name in names:
-        if kind != "layernorm":  # keep fairseq's own LayerNorm module where it already is one
-            setattr(layer, name, make_norm(kind, dim))
-        out_name = name.replace("layer_norm", "out_norm")
-        setattr(layer, out_name, make_norm(kind, dim) if spec.output_norm else None)
+        if not spec.has_norm:
+            setattr(layer, name, None)
+        elif not is_fairseq_layernorm(norm):
+            setattr(layer, name, make_norm(norm, dim))
+        setattr(layer, name.replace("layer_norm", "out_norm"),
+                make_norm(norm, dim) if spec.output_norm else None)
+        setattr(layer, name.replace("layer_norm", "gate"),
+                nn.Parameter(torch.zeros(1)) if spec.gate else None)
 
 
-class _FeedForward:
-    """The FFN sub-layer F(x) = W2 act(W1 x) of both stacks (fairseq's layers inline it in forward)."""
+class _HeadNorm(nn.Module):
+    """A norm over each head's slice of a projection's output (QK-norm)."""
+
+    def __init__(self, norm: Norm, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.norm = make_norm(norm, head_dim)
+
+    def forward(self, y: Tensor) -> Tensor:
+        shape = y.shape
+        return self.norm(y.reshape(*shape[:-1], self.heads, self.head_dim)).reshape(shape)
+
+    def hook(self, module: nn.Module, inputs, output: Tensor) -> Tensor:
+        """A forward hook on the projection (a bound method, so a deep copy hooks its own copy)."""
+        return self(output)
+
+
+def _install_qk_norm(attn: nn.Module, norm: Norm) -> None:
+    """Normalise each head's queries and keys as they leave q_proj/k_proj (before fairseq's
+    1/sqrt(d_head) scaling and the dot product). torch's fused attention path reads the projection
+    weights directly, so it is switched off for this module."""
+    attn.q_norm = _HeadNorm(norm, attn.num_heads, attn.head_dim)
+    attn.k_norm = _HeadNorm(norm, attn.num_heads, attn.head_dim)
+    attn.q_proj.register_forward_hook(attn.q_norm.hook)
+    attn.k_proj.register_forward_hook(attn.k_norm.hook)
+    attn.skip_embed_dim_check = True  # fairseq's switch for its unfused path
+
+
+def _set_up(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec, norm: Norm,
+            attns: list[nn.Module]) -> None:
+    layer.spec = spec
+    _install_norms(layer, names, spec, norm)
+    init_layer_(spec, {"fc1": layer.fc1, "fc2": layer.fc2}, *attns)
+    if spec.qk_norm:
+        for attn in attns:
+            _install_qk_norm(attn, norm)
+
+
+class _Steps:
+    """The FFN sub-layer F(x) = W2 act(W1 x) (fairseq's layers inline it in forward), and one
+    residual step per sub-layer, chained by the placement's structure."""
 
     def _ffn(self, x: Tensor) -> Tensor:
         return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
 
+    def _step(self, name: str, sublayer, x: Tensor, skip: Tensor | None) -> Tensor:
+        return residual_step(self.spec, x, sublayer, getattr(self, f"{name}_layer_norm"),
+                             getattr(self, f"{name}_out_norm"), self.dropout_module,
+                             getattr(self, f"{name}_gate"), skip)
 
-class LNEncoderLayer(_FeedForward, TransformerEncoderLayerBase):
+
+class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
     """x -> residual(self-attention) -> residual(FFN), norms placed by ``spec``."""
 
     NORMS = ("self_attn_layer_norm", "final_layer_norm")
 
-    def __init__(self, cfg, spec: ResidualSpec, norm: str = "layernorm") -> None:
+    def __init__(self, cfg, spec: ResidualSpec, norm: Norm | str = "layernorm") -> None:
         super().__init__(cfg)
-        self.spec = spec
-        _install_norms(self, self.NORMS, spec, norm)
-        if spec.placement == "deepnorm":
-            deepnorm_init_(spec.beta, self.fc1, self.fc2, self.self_attn)
+        norm = Norm(norm) if isinstance(norm, str) else norm
+        _set_up(self, self.NORMS, spec, norm, [self.self_attn])
 
     def forward(self, x: Tensor, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
         if attn_mask is not None:
@@ -59,31 +110,27 @@ class LNEncoderLayer(_FeedForward, TransformerEncoderLayerBase):
             )
             return out
 
-        x = residual_step(self.spec, x, attend, self.self_attn_layer_norm,
-                          self.self_attn_out_norm, self.dropout_module)
-        return residual_step(self.spec, x, self._ffn, self.final_layer_norm,
-                             self.final_out_norm, self.dropout_module)
+        steps = [partial(self._step, "self_attn", attend), partial(self._step, "final", self._ffn)]
+        return STRUCTURES[self.spec.structure](steps, x)
 
 
-class LNDecoderLayer(_FeedForward, TransformerDecoderLayerBase):
+class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
     """Self-attention, cross-attention and FFN, each a residual step placed by ``spec``."""
 
     NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
 
-    def __init__(self, cfg, spec: ResidualSpec, norm: str = "layernorm",
+    def __init__(self, cfg, spec: ResidualSpec, norm: Norm | str = "layernorm",
                  no_encoder_attn: bool = False) -> None:
         super().__init__(cfg, no_encoder_attn)
         if self.cross_self_attention or self.c_attn is not None or self.attn_ln is not None \
                 or self.ffn_layernorm is not None or self.w_resid is not None:
             raise ValueError("ln_transformer does not support cross_self_attention/scale_* options")
-        self.spec = spec
+        norm = Norm(norm) if isinstance(norm, str) else norm
         names = self.NORMS if self.encoder_attn is not None else self.NORMS[::2]
-        _install_norms(self, names, spec, norm)
+        attns = [a for a in (self.self_attn, self.encoder_attn) if a is not None]
+        _set_up(self, names, spec, norm, attns)
         if self.encoder_attn is None:
-            self.encoder_attn_out_norm = None
-        if spec.placement == "deepnorm":
-            attns = [a for a in (self.self_attn, self.encoder_attn) if a is not None]
-            deepnorm_init_(spec.beta, self.fc1, self.fc2, *attns)
+            self.encoder_attn_out_norm = self.encoder_attn_gate = None
 
     def forward(
         self,
@@ -110,13 +157,11 @@ class LNDecoderLayer(_FeedForward, TransformerDecoderLayerBase):
             )
             return out
 
-        x = residual_step(self.spec, x, self_attend, self.self_attn_layer_norm,
-                          self.self_attn_out_norm, self.dropout_module)
-        attn = None
+        steps = [partial(self._step, "self_attn", self_attend)]
+        weights: list[Tensor | None] = [None]
         if self.encoder_attn is not None and encoder_out is not None:
             if prev_attn_state is not None:
                 self.encoder_attn._set_input_buffer(incremental_state, _as_state(prev_attn_state))
-            weights: list[Tensor | None] = [None]
 
             def cross_attend(h: Tensor) -> Tensor:
                 out, weights[0] = self.encoder_attn(
@@ -127,12 +172,10 @@ class LNDecoderLayer(_FeedForward, TransformerDecoderLayerBase):
                 )
                 return out
 
-            x = residual_step(self.spec, x, cross_attend, self.encoder_attn_layer_norm,
-                              self.encoder_attn_out_norm, self.dropout_module)
-            attn = weights[0]
-        x = residual_step(self.spec, x, self._ffn, self.final_layer_norm,
-                          self.final_out_norm, self.dropout_module)
-        return x, attn, None
+            steps.append(partial(self._step, "encoder_attn", cross_attend))
+        steps.append(partial(self._step, "final", self._ffn))
+        x = STRUCTURES[self.spec.structure](steps, x)
+        return x, weights[0], None
 
 
 def _as_state(prev: list[Tensor]) -> dict[str, Tensor | None]:

@@ -1,11 +1,17 @@
-"""Where LayerNorm sits around each residual sub-layer: the single mechanism behind every placement.
+"""Where the norms sit around each residual sub-layer: the single mechanism behind every placement.
 
-One residual step, for a sub-layer F (self-attention, cross-attention or FFN):
+One residual step, for a sub-layer F (self-attention, cross-attention or FFN), with the switches a
+placement's YAML sets (configs/placement/*.yaml, read by lnexp.scheme.Placement):
 
-    post_ln   x <- LN(x + dt * F(x))
-    deepnorm  x <- LN(alpha * x + dt * F(x))            (Wang et al. 2022)
-    pre_ln    x <- x + dt * F(LN(x))                    (+ final LN on the stack's output)
-    peri_ln   x <- x + dt * LN_out(F(LN_in(x)))         (+ final LN; Kim et al. 2025)
+    h = Norm_in(x) * s          if input_norm   (s = input_norm_scale: 1, or LayerNorm Scaling's 1/sqrt(l))
+    y = Norm_out(F(h))          if output_norm
+    x <- a*x + dt*g*y [+ skip]  (a = residual_weight, g = ReZero's gate, skip = a structure's extra term)
+    x <- Norm(x)                if sum_norm
+
+    post_ln   x <- Norm(x + dt*F(x))
+    deepnorm  x <- Norm(alpha*x + dt*F(x))            (Wang et al. 2022)
+    pre_ln    x <- x + dt*F(Norm(x))                  (+ final norm on the stack's output)
+    peri_ln   x <- x + dt*Norm_out(F(Norm_in(x)))     (+ final norm; Kim et al. 2025)
 
 ``dt`` is the residual step of Kan et al. (2025); it is 1 unless configured.
 """
@@ -19,87 +25,107 @@ import torch
 from torch import nn
 
 from lnexp.names import PLACEMENTS
+from lnexp.scheme import Placement, deepnorm_constants, evaluate
 
-
-def deepnorm_constants(enc_layers: int, dec_layers: int) -> dict[str, tuple[float, float]]:
-    """DeepNet's (alpha, beta) for an N-layer encoder and M-layer decoder (Wang et al. 2022, Table 1)."""
-    n, m = enc_layers, dec_layers
-    return {
-        "encoder": (0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)),
-        "decoder": ((3 * m) ** 0.25, (12 * m) ** -0.25),
-    }
+__all__ = ["PLACEMENTS", "ResidualSpec", "deepnorm_constants", "init_layer_", "residual_step"]
 
 
 @dataclass(frozen=True)
 class ResidualSpec:
-    """How one stack (encoder or decoder) wires its residual sub-layers."""
+    """How one layer of one stack wires its residual sub-layers: a placement resolved at a depth."""
 
     placement: str = "post_ln"
     residual_scale: float = 1.0  # dt
-    alpha: float = 1.0  # DeepNorm's residual weight (1 for every other placement)
-    beta: float = 1.0  # DeepNorm's init gain (1 for every other placement)
-
-    def __post_init__(self) -> None:
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement {self.placement!r}: use one of {PLACEMENTS}")
+    alpha: float = 1.0  # the residual's weight (DeepNorm's alpha; 1 for most placements)
+    beta: float = 1.0  # the init gain of the matrices the placement scales (DeepNorm's beta)
+    input_norm: bool = False
+    output_norm: bool = False
+    sum_norm: bool = True
+    input_norm_scale: float = 1.0
+    gate: bool = False  # ReZero's learnable branch scalar
+    qk_norm: bool = False
+    structure: str = "residual"
+    init_draw: str = "fairseq"
+    init_scaled: tuple[str, ...] = ()
+    init_unit: tuple[str, ...] = ()
 
     @property
     def norm_first(self) -> bool:
         """Normalise the sub-layer input (pre/peri) rather than the residual sum (post/deepnorm)."""
-        return self.placement in ("pre_ln", "peri_ln")
+        return self.input_norm
 
     @property
-    def output_norm(self) -> bool:
-        """Peri-LN also normalises each sub-layer's output before it joins the residual stream."""
-        return self.placement == "peri_ln"
-
-    @property
-    def final_norm(self) -> bool:
-        """Pre- and Peri-LN end each stack with a LayerNorm; Post-LN and DeepNorm already do."""
-        return self.norm_first
+    def has_norm(self) -> bool:
+        """Whether a sub-layer's main norm (``*_layer_norm``) is used, on its input or on the sum."""
+        return self.input_norm or self.sum_norm
 
     @classmethod
-    def for_stack(
-        cls, placement: str, residual_scale: float, stack: str, enc_layers: int, dec_layers: int
-    ) -> ResidualSpec:
-        alpha = beta = 1.0
-        if placement == "deepnorm":
-            alpha, beta = deepnorm_constants(enc_layers, dec_layers)[stack]
-        return cls(placement, residual_scale, alpha, beta)
+    def for_layer(cls, placement: Placement, residual_scale: float, stack: str, layer: int,
+                  enc_layers: int, dec_layers: int) -> ResidualSpec:
+        """``placement`` at 1-based layer ``layer`` of ``stack`` in an N+M-layer model."""
+        n_stack = enc_layers if stack == "encoder" else dec_layers
+        at = (stack, layer, enc_layers, dec_layers)
+        init = placement.init
+        return cls(
+            placement=placement.name, residual_scale=float(residual_scale),
+            alpha=evaluate(placement.residual_weight, *at), beta=evaluate(init.gain, *at),
+            **placement.switches(layer, n_stack),
+            input_norm_scale=evaluate(placement.input_norm_scale, *at),
+            gate=placement.branch_gate, qk_norm=placement.qk_norm, structure=placement.structure,
+            init_draw=init.draw, init_scaled=tuple(init.scaled), init_unit=tuple(init.unit),
+        )
 
 
 def residual_step(
     spec: ResidualSpec,
     x: torch.Tensor,
     sublayer: Callable[[torch.Tensor], torch.Tensor],
-    norm: nn.Module,
+    norm: nn.Module | None,
     out_norm: nn.Module | None,
     dropout: nn.Module,
+    gate: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Apply one residual sub-layer with LayerNorm where ``spec`` puts it.
+    """Apply one residual sub-layer with its norms where ``spec`` puts them.
 
     Scalings equal to 1 are skipped so that Post-/Pre-LN run exactly fairseq's arithmetic.
     """
-    h = norm(x) if spec.norm_first else x
+    h = norm(x) if spec.input_norm else x
+    if spec.input_norm_scale != 1.0:
+        h = h * spec.input_norm_scale
     y = sublayer(h)
     if out_norm is not None:
         y = out_norm(y)
     y = dropout(y)
     if spec.residual_scale != 1.0:
         y = y * spec.residual_scale
+    if gate is not None:
+        y = gate * y
     residual = x * spec.alpha if spec.alpha != 1.0 else x
     x = residual + y
-    return x if spec.norm_first else norm(x)
+    if skip is not None:
+        x = x + skip
+    return norm(x) if spec.sum_norm else x
 
 
-def deepnorm_init_(beta: float, fc1: nn.Linear, fc2: nn.Linear, *attns: nn.Module) -> None:
-    """DeepNet's init: Xavier-normal with gain beta for the FFN and each attention's value and output
-    projections, gain 1 for its Q/K. Each weight is drawn once, in the order fc1, fc2, then per
-    attention v, out, q, k."""
-    for lin in (fc1, fc2):
-        nn.init.xavier_normal_(lin.weight, gain=beta)
+def init_layer_(spec: ResidualSpec, ffn: dict[str, nn.Linear], *attns: nn.Module) -> None:
+    """The placement's initialisation of one layer (its YAML's ``init``).
+
+    draw=xavier_normal (DeepNet): the ``scaled`` matrices are redrawn Xavier-normal with gain beta,
+    the ``unit`` ones with gain 1, in the order FFN (fc1, fc2), then per attention its scaled and
+    unit projections as listed. draw=fairseq (T-Fixup): fairseq's draws are kept and the ``scaled``
+    matrices multiplied by beta.
+    """
+    if not spec.init_scaled and not spec.init_unit:
+        return
+    names = spec.init_scaled + spec.init_unit
+    matrices = [(ffn[n], n in spec.init_scaled) for n in names if n in ffn]
     for attn in attns:
-        for lin in (attn.v_proj, attn.out_proj):
-            nn.init.xavier_normal_(lin.weight, gain=beta)
-        for lin in (attn.q_proj, attn.k_proj):
-            nn.init.xavier_normal_(lin.weight, gain=1.0)
+        matrices += [(getattr(attn, n), n in spec.init_scaled) for n in names if n not in ffn]
+    for lin, scaled in matrices:
+        gain = spec.beta if scaled else 1.0
+        if spec.init_draw == "xavier_normal":
+            nn.init.xavier_normal_(lin.weight, gain=gain)
+        elif scaled:
+            with torch.no_grad():
+                lin.weight.mul_(gain)

@@ -1,13 +1,16 @@
 """The registered fairseq model ``ln_transformer`` and its architectures.
 
-It is fairseq's ``transformer`` with the layers of ``lnexp.model.layers``; four extra options
-choose the placement (``--placement``), the norm (``--norm``), Kan et al.'s residual step
-(``--residual-scale``) and Peri-LN's optional embedding norm (``--embed-norm``).
+It is fairseq's ``transformer`` with the layers of ``lnexp.model.layers``. Its extra options:
+``--placement-spec`` (the placement's YAML as JSON, lnexp.scheme.Placement), ``--norm-spec`` (the
+norm group's), Kan et al.'s residual step (``--residual-scale``), and the names ``--placement`` and
+``--norm``. A checkpoint written before the specs existed carries only ``--placement NAME``,
+``--norm NAME`` and ``--embed-norm``: ``placement_of``/``norm_of`` read those through the YAML files.
 """
 
 
 from dataclasses import dataclass, field
 
+import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -25,9 +28,10 @@ from fairseq.models.transformer.transformer_config import (
 )
 
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
-from lnexp.model.norms import NORMS, make_norm
-from lnexp.model.placement import PLACEMENTS, ResidualSpec
-from lnexp.names import arch_flags
+from lnexp.model.norms import is_fairseq_layernorm, make_norm
+from lnexp.model.placement import ResidualSpec
+from lnexp.names import NORMS, PLACEMENTS, arch_flags
+from lnexp.scheme import evaluate, norm_of, placement_of
 
 
 @dataclass
@@ -35,20 +39,24 @@ class LNTransformerConfig(TransformerConfig):
     placement: str = field(default="post_ln", metadata={"help": "|".join(PLACEMENTS)})
     norm: str = field(default="layernorm", metadata={"help": "|".join(NORMS)})
     residual_scale: float = field(default=1.0, metadata={"help": "dt in x + dt*F(...)"})
-    embed_norm: bool = field(default=False, metadata={"help": "norm on the embeddings"})
+    embed_norm: bool = field(default=False, metadata={"help": "norm on the embeddings (old checkpoints)"})
+    placement_spec: str = field(default="", metadata={"help": "the placement as JSON (lnexp.scheme)"})
+    norm_spec: str = field(default="", metadata={"help": "the norm as JSON (lnexp.scheme)"})
 
 
-def _spec(cfg: LNTransformerConfig, stack: str) -> ResidualSpec:
-    return ResidualSpec.for_stack(
-        cfg.placement, cfg.residual_scale, stack, cfg.encoder.layers, cfg.decoder.layers
-    )
+def _next_spec(stack_module, cfg: LNTransformerConfig, stack: str) -> ResidualSpec:
+    """The spec of the next layer fairseq builds (it builds them in order, without an index)."""
+    stack_module._layers_built = getattr(stack_module, "_layers_built", 0) + 1
+    return ResidualSpec.for_layer(placement_of(cfg), cfg.residual_scale, stack,
+                                  stack_module._layers_built, cfg.encoder.layers, cfg.decoder.layers)
 
 
 def _swap_stack_norms(module, cfg: LNTransformerConfig) -> None:
     """Use the configured norm for the stack's final and embedding norms too."""
+    norm = norm_of(cfg)
     for name in ("layer_norm", "layernorm_embedding"):
-        if getattr(module, name, None) is not None and cfg.norm != "layernorm":
-            setattr(module, name, make_norm(cfg.norm, module.embed_tokens.embedding_dim))
+        if getattr(module, name, None) is not None and not is_fairseq_layernorm(norm):
+            setattr(module, name, make_norm(norm, module.embed_tokens.embedding_dim))
 
 
 class LNEncoder(TransformerEncoderBase):
@@ -57,7 +65,7 @@ class LNEncoder(TransformerEncoderBase):
         _swap_stack_norms(self, cfg)
 
     def build_encoder_layer(self, cfg: LNTransformerConfig) -> LNEncoderLayer:
-        return LNEncoderLayer(cfg, _spec(cfg, "encoder"), cfg.norm)
+        return LNEncoderLayer(cfg, _next_spec(self, cfg, "encoder"), norm_of(cfg))
 
 
 class LNDecoder(TransformerDecoderBase):
@@ -67,7 +75,7 @@ class LNDecoder(TransformerDecoderBase):
         _swap_stack_norms(self, cfg)
 
     def build_decoder_layer(self, cfg: LNTransformerConfig, no_encoder_attn: bool = False):
-        return LNDecoderLayer(cfg, _spec(cfg, "decoder"), cfg.norm, no_encoder_attn)
+        return LNDecoderLayer(cfg, _next_spec(self, cfg, "decoder"), norm_of(cfg), no_encoder_attn)
 
 
 @register_model("ln_transformer")
@@ -77,19 +85,24 @@ class LNTransformerModel(TransformerModel):
     @classmethod
     def add_args(cls, parser) -> None:
         super().add_args(parser)
-        parser.add_argument("--placement", choices=PLACEMENTS, help="where LayerNorm sits")
-        parser.add_argument("--norm", choices=NORMS, help="layernorm or rmsnorm")
+        parser.add_argument("--placement", choices=PLACEMENTS, help="the placement's name")
+        parser.add_argument("--placement-spec", help="the placement's structure as JSON "
+                            "(lnexp.scheme.Placement; default: configs/placement/NAME.yaml)")
+        parser.add_argument("--norm", choices=NORMS, help="|".join(NORMS))
+        parser.add_argument("--norm-spec", help="the norm's settings as JSON (default: "
+                            "configs/norm/NAME.yaml)")
         parser.add_argument("--residual-scale", type=float, help="dt in x + dt*F(...)")
-        parser.add_argument("--embed-norm", action="store_true", help="norm on the embeddings")
+        parser.add_argument("--embed-norm", action="store_true",
+                            help="norm on the embeddings (with --placement NAME alone)")
 
     @classmethod
     def build_model(cls, args, task):
         ln_base_architecture(args)
         # fairseq builds the final norm when normalize_before is set, and the embedding norm
         # from layernorm_embedding: map the placement onto both, so that the stock code builds them.
-        spec = ResidualSpec(args.placement)
-        args.encoder_normalize_before = args.decoder_normalize_before = spec.final_norm
-        args.layernorm_embedding = bool(args.embed_norm)
+        placement = placement_of(args)
+        args.encoder_normalize_before = args.decoder_normalize_before = placement.final_norm
+        args.layernorm_embedding = placement.embed_norm
         if getattr(args, "max_source_positions", None) is None:
             args.max_source_positions = DEFAULT_MAX_SOURCE_POSITIONS
         if getattr(args, "max_target_positions", None) is None:
@@ -97,7 +110,10 @@ class LNTransformerModel(TransformerModel):
         if args.share_all_embeddings:
             args.share_decoder_input_output_embed = True
         cfg = LNTransformerConfig.from_namespace(args)
-        return TransformerModelBase.build_model.__func__(cls, cfg, task)
+        model = TransformerModelBase.build_model.__func__(cls, cfg, task)
+        _scale_embeddings_(model, evaluate(placement.init.embed_gain, "decoder", 0,
+                                           cfg.encoder.layers, cfg.decoder.layers))
+        return model
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -108,12 +124,24 @@ class LNTransformerModel(TransformerModel):
         return LNDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
+def _scale_embeddings_(model, gain: float) -> None:
+    """The placement's embedding gain (T-Fixup), once per distinct embedding matrix."""
+    if gain == 1.0:
+        return
+    tables = {id(e.weight): e.weight for e in (model.encoder.embed_tokens, model.decoder.embed_tokens)}
+    with torch.no_grad():
+        for weight in tables.values():
+            weight.mul_(gain)
+
+
 def ln_base_architecture(args) -> None:
     args.placement = getattr(args, "placement", None) or "post_ln"
     args.norm = getattr(args, "norm", None) or "layernorm"
     rs = getattr(args, "residual_scale", None)
     args.residual_scale = 1.0 if rs is None else rs
     args.embed_norm = bool(getattr(args, "embed_norm", False))
+    args.placement_spec = getattr(args, "placement_spec", None) or ""
+    args.norm_spec = getattr(args, "norm_spec", None) or ""
     base_architecture(args)
 
 

@@ -6,13 +6,16 @@ The mapping is explicit so that every run can print the equivalent stock ``fairs
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import DictConfig
 
 from lnexp.errors import ConfigError
 from lnexp.names import ARCH_SIZES, arch_flags
+from lnexp.scheme import Norm, Placement, placement_of
 
 # lnexp's architectures that stock fairseq registers under another name (same sizes, same init)
 STOCK_ARCHS = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
@@ -36,11 +39,13 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
     opt, sched, scale = cfg.optimizer, cfg.schedule, cfg.scale
     if cfg.precision != "fp32" and device != "cuda":
         raise ConfigError(f"precision={cfg.precision} needs a GPU: use precision=fp32 on CPU")
+    placement, norm = model_scheme(cfg)
     flags: dict[str, Any] = dict(
         task="translation", source_lang=cfg.dataset.src, target_lang=cfg.dataset.tgt,
         arch=scale.arch, share_all_embeddings=True,
-        placement=cfg.placement.name, embed_norm=bool(cfg.placement.embed_norm), norm=cfg.norm,
-        residual_scale=float(cfg.residual_scale),
+        # the placement and norm groups travel whole, as JSON, to the model (lnexp/scheme.py)
+        placement=placement.name, placement_spec=placement.to_json(),
+        norm=norm.name, norm_spec=norm.to_json(), residual_scale=float(cfg.residual_scale),
         encoder_layers=int(cfg.depth.encoder_layers), decoder_layers=int(cfg.depth.decoder_layers),
         dropout=float(scale.dropout),
         criterion="label_smoothed_cross_entropy", label_smoothing=float(scale.label_smoothing),
@@ -111,15 +116,31 @@ def distributed_flags(cfg: DictConfig, device: str) -> dict[str, Any]:
     return flags
 
 
+def model_scheme(cfg: DictConfig) -> tuple[Placement, Norm]:
+    """The run's placement and norm groups, checked (ConfigError names the bad key)."""
+    try:
+        return Placement.from_config(cfg.placement), Norm.from_config(cfg.norm)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _is_stock_norm(norm: Norm) -> bool:
+    return norm.name == "layernorm" and norm.eps in (None, 1e-5)
+
+
 def stock_flags(flags: dict[str, Any]) -> dict[str, Any] | None:
-    """The same run as stock fairseq-train (Post-/Pre-LN, layernorm, dt=1, inverse_sqrt, W>0)."""
-    if flags["placement"] not in ("post_ln", "pre_ln") or flags["norm"] != "layernorm" \
-            or flags["residual_scale"] != 1.0 or flags["embed_norm"] or flags["optimizer"] == "radam":
+    """The same run as stock fairseq-train (Post-/Pre-LN as their YAML states them, LayerNorm,
+    dt=1, inverse_sqrt, W>0)."""
+    name = flags["placement"]
+    if name not in ("post_ln", "pre_ln") or flags["optimizer"] == "radam" \
+            or flags["placement_spec"] != placement_of(SimpleNamespace(placement=name)).to_json() \
+            or not _is_stock_norm(Norm.from_config(json.loads(flags["norm_spec"]))) \
+            or flags["residual_scale"] != 1.0:
         return None
     if flags["schedule"] != "inverse_sqrt" or flags["warmup_updates"] == 0:
         return None
-    stock = {k: v for k, v in flags.items()
-             if k not in ("placement", "embed_norm", "norm", "residual_scale", "schedule")}
+    stock = {k: v for k, v in flags.items() if k not in
+             ("placement", "placement_spec", "norm", "norm_spec", "residual_scale", "schedule")}
     stock["arch"] = STOCK_ARCHS.get(flags["arch"], "transformer")
     if stock["arch"] == "transformer" and flags["arch"] in ARCH_SIZES:  # lnexp's own size, spelled out
         stock.update(arch_flags(flags["arch"], layers=False))

@@ -1,0 +1,262 @@
+"""Placement and norm as data: what ``configs/placement/NAME.yaml`` and ``configs/norm/NAME.yaml``
+become, checked, torch-free (the CLI's start-up path validates them before anything is built).
+
+The path of a scheme from its YAML to a layer, with no guessing through fairseq's parser:
+
+    configs/placement/NAME.yaml  --Placement.from_config-->  Placement (this module)
+      --Placement.to_json-->  fairseq flag --placement-spec (lnexp/train/settings.py fairseq_flags)
+      --placement_of(args)-->  Placement again in LNTransformerModel.build_model
+      --ResidualSpec.for_layer-->  each layer's ``spec`` (lnexp/model/placement.py), read by
+      the single ``residual_step``.
+
+Checkpoints written before placements were data carry only ``--placement NAME`` (and
+``--embed-norm``, ``--norm NAME``): :func:`placement_of` and :func:`norm_of` map those old arguments
+onto the same YAML files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
+
+# --- named formulas of depth -------------------------------------------------------------------
+# Each takes (stack, l, N, M): "encoder"/"decoder", the 1-based layer index, the encoder's and the
+# decoder's depth. A YAML value that is a string names one of these; a number is a constant.
+
+
+def deepnorm_constants(enc_layers: int, dec_layers: int) -> dict[str, tuple[float, float]]:
+    """DeepNet's (alpha, beta) for an N-layer encoder and M-layer decoder (Wang et al. 2022, Table 1)."""
+    n, m = enc_layers, dec_layers
+    return {
+        "encoder": (0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)),
+        "decoder": ((3 * m) ** 0.25, (12 * m) ** -0.25),
+    }
+
+
+def t_fixup_gain(stack: str, n: int, m: int) -> float:
+    """T-Fixup (Huang et al. 2020, Alg. 1): encoder 0.67 N^-1/4, decoder (9M)^-1/4."""
+    return 0.67 * n ** -0.25 if stack == "encoder" else (9 * m) ** -0.25
+
+
+FORMULAS: dict[str, Callable[[str, int, int, int], float]] = {
+    "deepnorm_alpha": lambda s, layer, n, m: deepnorm_constants(n, m)[s][0],
+    "deepnorm_beta": lambda s, layer, n, m: deepnorm_constants(n, m)[s][1],
+    "inv_sqrt_layer": lambda s, layer, n, m: 1 / math.sqrt(layer),  # LayerNorm Scaling's 1/sqrt(l)
+    "t_fixup": lambda s, layer, n, m: t_fixup_gain(s, n, m),
+    # T-Fixup scales the (shared) embeddings with the decoder's factor (9M)^-1/4
+    "t_fixup_embed": lambda s, layer, n, m: (9 * m) ** -0.25,
+}
+
+
+def evaluate(value: float | str, stack: str, layer: int, n: int, m: int) -> float:
+    """A constant, or a named formula of depth at layer ``layer`` of ``stack``."""
+    return float(value) if not isinstance(value, str) else FORMULAS[value](stack, layer, n, m)
+
+
+# --- block structures: how a layer chains its residual steps -----------------------------------
+# Each gets the layer's steps in order (self-attention, [cross-attention,] FFN), each a function
+# step(x, skip) -> x of lnexp.model.placement.residual_step, and the layer's input; it returns the
+# layer's output. A scheme with new wiring is one function here, named by its YAML's ``structure``.
+Step = Callable[[Any, Any], Any]
+
+
+def residual_structure(steps: list[Step], x: Any) -> Any:
+    """The plain chain: x <- step(x) for each sub-layer."""
+    for step in steps:
+        x = step(x, None)
+    return x
+
+
+def b2t_structure(steps: list[Step], x: Any) -> Any:
+    """B2T connection (Takase et al. 2022): the layer's input also joins its last residual sum,
+    LN(y + FFN(y) + x)."""
+    x0 = x
+    for i, step in enumerate(steps):
+        x = step(x, x0 if i == len(steps) - 1 else None)
+    return x
+
+
+STRUCTURES: dict[str, Callable[[list[Step], Any], Any]] = {
+    "residual": residual_structure,
+    "b2t": b2t_structure,
+}
+MATRICES = ("fc1", "fc2", "q_proj", "k_proj", "v_proj", "out_proj")
+DRAWS = ("fairseq", "xavier_normal")
+SWITCHES = ("input_norm", "output_norm", "sum_norm")
+
+
+@dataclass(frozen=True)
+class Init:
+    """Which matrices get which gain at initialisation."""
+
+    draw: str = "fairseq"  # fairseq: keep fairseq's draw and multiply by gain; xavier_normal: redraw
+    gain: float | str = 1.0  # a number or a formula name (deepnorm_beta, t_fixup)
+    scaled: tuple[str, ...] = ()  # matrices that get ``gain``
+    unit: tuple[str, ...] = ()  # matrices redrawn with gain 1 (draw=xavier_normal)
+    embed_gain: float | str = 1.0  # multiplies the token embeddings after fairseq's draw
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A scheme's structure, as its YAML states it (every key of configs/placement/*.yaml but
+    ``recipe``)."""
+
+    name: str
+    structure: str = "residual"  # a registered block structure (lnexp/model/structures.py)
+    input_norm: bool = False  # F(Norm(x))
+    output_norm: bool = False  # Norm(F(.))
+    sum_norm: bool = True  # Norm(x + F)
+    input_norm_scale: float | str = 1.0  # multiplies the input norm's output (LayerNorm Scaling)
+    residual_weight: float | str = 1.0  # multiplies x in the sum (DeepNorm's alpha)
+    branch_gate: bool = False  # ReZero: a learnable scalar, 0 at init, multiplies the branch
+    qk_norm: bool = False  # queries and keys normalised per head before their dot product
+    final_norm: bool = False  # a norm on each stack's output
+    embed_norm: bool = False  # a norm on the embeddings
+    first_layers: dict[str, Any] | None = None  # {fraction: a, switch: value...}: layers l <= floor(a L)
+    init: Init = field(default_factory=Init)
+
+    def __post_init__(self) -> None:
+        where = f"placement {self.name}"
+        if self.structure not in STRUCTURES:
+            raise ValueError(f"{where}: structure={self.structure!r} is not one of {', '.join(STRUCTURES)}")
+        for key in ("input_norm_scale", "residual_weight"):
+            _check_value(where, key, getattr(self, key))
+        _check_value(where, "init.gain", self.init.gain)
+        _check_value(where, "init.embed_gain", self.init.embed_gain)
+        if self.init.draw not in DRAWS:
+            raise ValueError(f"{where}: init.draw={self.init.draw!r} is not one of {', '.join(DRAWS)}")
+        bad = [m for m in (*self.init.scaled, *self.init.unit) if m not in MATRICES]
+        if bad:
+            raise ValueError(f"{where}: init matrices {bad} are not among {', '.join(MATRICES)}")
+        if self.first_layers is not None:
+            extra = set(self.first_layers) - {"fraction", *SWITCHES}
+            frac = self.first_layers.get("fraction")
+            if extra or not isinstance(frac, int | float) or not 0 <= frac <= 1:
+                raise ValueError(f"{where}: first_layers takes fraction (0..1) and "
+                                 f"{', '.join(SWITCHES)}; got {dict(self.first_layers)}")
+        for switches in (self._switches(), {**self._switches(), **self._first_switches()}):
+            if switches["input_norm"] and switches["sum_norm"]:
+                raise ValueError(f"{where}: input_norm and sum_norm share one norm per sub-layer; "
+                                 "set one of them false")
+
+    def _switches(self) -> dict[str, bool]:
+        return {k: bool(getattr(self, k)) for k in SWITCHES}
+
+    def _first_switches(self) -> dict[str, bool]:
+        return {k: bool(v) for k, v in (self.first_layers or {}).items() if k in SWITCHES}
+
+    def switches(self, layer: int, n_layers: int) -> dict[str, bool]:
+        """input/output/sum norm of 1-based layer ``layer`` of an ``n_layers`` stack (Mix-LN's rule)."""
+        s = self._switches()
+        if self.first_layers is not None and layer <= math.floor(self.first_layers["fraction"] * n_layers):
+            s.update(self._first_switches())
+        return s
+
+    @property
+    def has_layer_norms(self) -> bool:
+        """Whether any layer has a norm of its own (ReZero and T-Fixup have none)."""
+        return any(self._switches().values()) or any(self._first_switches().values())
+
+    @classmethod
+    def from_config(cls, node: Any) -> Placement:
+        """From a placement group node (a DictConfig or dict); ``recipe`` is the schedule's, not the
+        model's, and is left out. Unknown keys are an error (a typo would silently do nothing)."""
+        from omegaconf import DictConfig, OmegaConf
+
+        data = dict(OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else node)
+        data.pop("recipe", None)
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"placement {data.get('name')}: unknown keys {unknown}; "
+                             f"a placement has {', '.join(sorted(names))}")
+        init = dict(data.pop("init", None) or {})
+        init_names = {f.name for f in fields(Init)}
+        if set(init) - init_names:
+            raise ValueError(f"placement {data.get('name')}: unknown init keys "
+                             f"{sorted(set(init) - init_names)}; init has {', '.join(sorted(init_names))}")
+        for key in ("scaled", "unit"):
+            init[key] = tuple(init.get(key) or ())
+        return cls(**data, init=Init(**init))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Placement:
+        return cls.from_config(json.loads(text))
+
+
+def _check_value(where: str, key: str, value: Any) -> None:
+    if isinstance(value, bool) or not (isinstance(value, int | float) or value in FORMULAS):
+        raise ValueError(f"{where}: {key}={value!r} must be a number or one of {', '.join(FORMULAS)}")
+
+
+@dataclass(frozen=True)
+class Norm:
+    """A norm group's settings (configs/norm/NAME.yaml)."""
+
+    name: str = "layernorm"
+    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6)
+    alpha0: float = 0.5  # DyT's initial alpha
+
+    def __post_init__(self) -> None:
+        from lnexp.names import NORMS
+
+        if self.name not in NORMS:
+            raise ValueError(f"norm={self.name} is not one of {', '.join(NORMS)}")
+
+    @classmethod
+    def from_config(cls, node: Any) -> Norm:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(node, str):  # a run config written before norm was a group: norm: rmsnorm
+            return cls(node)
+        data = dict(OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node)
+        names = {f.name for f in fields(cls)}
+        if set(data) - names:
+            raise ValueError(f"norm {data.get('name')}: unknown keys {sorted(set(data) - names)}; "
+                             f"a norm has {', '.join(sorted(names))}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+
+def _group_file(group: str, name: str) -> Any:
+    from omegaconf import OmegaConf
+
+    path = CONFIG_DIR / group / f"{name}.yaml"
+    if not path.is_file():
+        options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+        raise ValueError(f"{group}={name} is not one of {', '.join(options)}")
+    return OmegaConf.load(path)
+
+
+def placement_of(args: Any) -> Placement:
+    """The placement a fairseq namespace/config describes: --placement-spec, or, in a checkpoint
+    written before it existed, --placement NAME (+ --embed-norm) read through configs/placement."""
+    spec = getattr(args, "placement_spec", None)
+    if spec:
+        return Placement.from_json(spec)
+    node = _group_file("placement", getattr(args, "placement", None) or "post_ln")
+    placement = Placement.from_config(node)
+    if getattr(args, "embed_norm", False):
+        from dataclasses import replace
+
+        placement = replace(placement, embed_norm=True)
+    return placement
+
+
+def norm_of(args: Any) -> Norm:
+    """The norm of a fairseq namespace: --norm-spec, or an old checkpoint's --norm NAME."""
+    spec = getattr(args, "norm_spec", None)
+    if spec:
+        return Norm.from_config(json.loads(spec))
+    return Norm.from_config(_group_file("norm", getattr(args, "norm", None) or "layernorm"))

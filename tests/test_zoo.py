@@ -1,0 +1,210 @@
+"""The normalisation zoo: each scheme's layers compute its paper's formula, written here again from
+the layer's own parameters (float64), its init is the paper's, gradients reach the embeddings and
+incremental decoding equals the full forward (so beam search works)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import tiny_args
+
+ZOO = ("sandwich_ln", "olmo2", "qk_norm", "ln_scaling", "mix_ln", "rezero", "b2t", "t_fixup")
+LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
+
+
+def build(task, placement: str, seed: int = 0, **over):
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from lnexp.scheme import Placement, placement_of
+    from lnexp.train.settings import SimpleNamespace
+
+    # the path lnexp train takes: the YAML's structure as JSON in --placement-spec
+    spec = placement_of(SimpleNamespace(placement=placement))
+    assert Placement.from_json(spec.to_json()) == spec
+    torch.manual_seed(seed)
+    args = tiny_args("ln_transformer", placement=placement, placement_spec=spec.to_json(),
+                     encoder_layers=LAYERS, decoder_layers=LAYERS, **over)
+    return ARCH_MODEL_REGISTRY["ln_transformer"].build_model(args, task)
+
+
+# --- the formulas, from the parameters alone -------------------------------------------------------
+
+def norm(mod, x):
+    """LayerNorm, RMSNorm or DyT, by the module's parameters."""
+    if hasattr(mod, "alpha"):  # DyT (Zhu et al. 2025)
+        return mod.weight * torch.tanh(mod.alpha * x) + mod.bias
+    if isinstance(mod, torch.nn.RMSNorm):
+        return mod.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + mod.eps)
+    return F.layer_norm(x, x.shape[-1:], mod.weight, mod.bias, mod.eps)
+
+
+def attention(attn, x, mem, causal: bool):
+    """Multi-head attention of T x B x d states; per-head QK-norm where the module has one."""
+    t, b, d = x.shape
+    h = attn.num_heads
+
+    def heads(y):
+        return y.reshape(y.shape[0], b, h, d // h).permute(1, 2, 0, 3)  # B H T dh
+
+    q, k, v = (heads(F.linear(z, p.weight, p.bias)) for z, p in
+               ((x, attn.q_proj), (mem, attn.k_proj), (mem, attn.v_proj)))
+    if hasattr(attn, "q_norm"):
+        q, k = norm(attn.q_norm.norm, q), norm(attn.k_norm.norm, k)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d // h)
+    if causal:
+        scores = scores + torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
+    out = (scores.softmax(-1) @ v).permute(2, 0, 1, 3).reshape(t, b, d)
+    return F.linear(out, attn.out_proj.weight, attn.out_proj.bias)
+
+
+def sublayers(layer, mem=None):
+    """(name, F) for each sub-layer of an encoder (mem None) or decoder layer."""
+    subs = [("self_attn", lambda x: attention(layer.self_attn, x, x, causal=mem is not None))]
+    if mem is not None:
+        subs.append(("encoder_attn", lambda x: attention(layer.encoder_attn, x, mem, causal=False)))
+    subs.append(("final", lambda x: F.linear(F.relu(F.linear(x, layer.fc1.weight, layer.fc1.bias)),
+                                            layer.fc2.weight, layer.fc2.bias)))
+    return subs
+
+
+def reference(placement: str, layer, depth: int, x, mem=None):
+    """One layer (1-based index ``depth``) as its paper writes it."""
+    def n(name):
+        return lambda y: norm(getattr(layer, f"{name}_layer_norm"), y)
+
+    def out(name):
+        return lambda y: norm(getattr(layer, f"{name}_out_norm"), y)
+
+    x0 = x
+    subs = sublayers(layer, mem)
+    for i, (name, f) in enumerate(subs):
+        if placement in ("sandwich_ln",):      # x + LN(F(LN(x)))
+            x = x + out(name)(f(n(name)(x)))
+        elif placement == "olmo2":              # x + Norm(F(x))
+            x = x + out(name)(f(x))
+        elif placement == "qk_norm":            # Pre-LN, normalised q and k
+            x = x + f(n(name)(x))
+        elif placement == "ln_scaling":         # x + F(LN(x) / sqrt(l))
+            x = x + f(n(name)(x) / math.sqrt(depth))
+        elif placement == "mix_ln":             # Post-LN for l <= floor(0.25 L), Pre-LN after
+            x = n(name)(x + f(x)) if depth <= math.floor(0.25 * LAYERS) else x + f(n(name)(x))
+        elif placement == "rezero":             # x + alpha F(x)
+            x = x + getattr(layer, f"{name}_gate") * f(x)
+        elif placement == "b2t":                # Post-LN; the layer input joins the last sum
+            x = n(name)(x + f(x) + (x0 if i == len(subs) - 1 else 0))
+        elif placement == "t_fixup":            # no norm
+            x = x + f(x)
+        else:
+            raise AssertionError(placement)
+    return x
+
+
+@pytest.fixture(scope="module")
+def zoo_models(tiny_task):
+    models = {p: build(tiny_task, p).double().eval() for p in ZOO}
+    models["dyt"] = build(tiny_task, "pre_ln", norm="dyt").double().eval()
+    with torch.no_grad():  # move ReZero's gates off 0 so that its formula is tested, not the identity
+        for i, layer in enumerate([*models["rezero"].encoder.layers, *models["rezero"].decoder.layers]):
+            for name in ("self_attn", "encoder_attn", "final"):
+                gate = getattr(layer, f"{name}_gate", None)
+                if gate is not None:
+                    gate.fill_(0.3 + 0.1 * i)
+    return models
+
+
+@pytest.mark.parametrize("placement", ZOO)
+def test_layers_compute_the_papers_formula(zoo_models, placement):
+    model = zoo_models[placement]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 2, 16, generator=g, dtype=torch.float64) * 2
+    mem = torch.randn(6, 2, 16, generator=g, dtype=torch.float64)
+    causal = model.decoder.buffered_future_mask(x)
+    # fairseq's unfused attention (the decoder's, QK-norm's) takes its softmax in float32
+    # (fairseq.utils.softmax): agreement to 1e-6 on O(1) outputs, not to float64's 1e-12
+    for depth in (1, 2, LAYERS):
+        enc, dec = model.encoder.layers[depth - 1], model.decoder.layers[depth - 1]
+        torch.testing.assert_close(enc(x, None), reference(placement, enc, depth, x), rtol=1e-6, atol=1e-6)
+        got = dec(x, mem, None, self_attn_mask=causal)[0]
+        torch.testing.assert_close(got, reference(placement, dec, depth, x, mem), rtol=1e-6, atol=1e-6)
+
+
+def test_dyt_replaces_every_norm(zoo_models):
+    from lnexp.model.norms import DyT
+
+    model = zoo_models["dyt"]
+    dyts = [m for m in model.modules() if isinstance(m, DyT)]
+    # 2 per encoder layer, 3 per decoder layer, the two final norms
+    assert len(dyts) == LAYERS * 5 + 2
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
+    assert all(m.alpha.item() == 0.5 for m in dyts)  # norm.alpha0 of configs/norm/dyt.yaml
+    x = torch.randn(5, 2, 16, dtype=torch.float64)
+    layer = model.encoder.layers[0]
+    ref = x + sublayers(layer)[0][1](norm(layer.self_attn_layer_norm, x))
+    ref = ref + sublayers(layer)[1][1](norm(layer.final_layer_norm, ref))
+    torch.testing.assert_close(layer(x, None), ref, rtol=1e-10, atol=1e-10)
+
+
+def test_norm_free_schemes_have_no_norms_and_their_init(tiny_task, zoo_models):
+    for p in ("rezero", "t_fixup"):
+        names = [n for n, m in zoo_models[p].named_modules()
+                 if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm)]
+        assert names == [], (p, names)
+    gates = [p for n, p in build(tiny_task, "rezero").named_parameters() if n.endswith("_gate")]
+    assert len(gates) == LAYERS * 5 and all(g.item() == 0 for g in gates)  # ReZero: alpha = 0 at init
+    # T-Fixup (Alg. 1): fairseq's Xavier draws (the same as Post-LN's with one seed), then value,
+    # output and FFN weights times 0.67 N^-1/4 (encoder) / (9M)^-1/4 (decoder), embeddings (9M)^-1/4.
+    fix, base = build(tiny_task, "t_fixup", seed=3), build(tiny_task, "post_ln", seed=3)
+    s_fix, s_base = fix.state_dict(), base.state_dict()
+    enc, dec = 0.67 * LAYERS ** -0.25, (9 * LAYERS) ** -0.25
+    for key, value in s_fix.items():
+        gain = 1.0
+        if any(m in key for m in ("fc1.weight", "fc2.weight", "v_proj.weight", "out_proj.weight")):
+            gain = enc if key.startswith("encoder.") else dec
+        if "embed_tokens" in key or key == "decoder.output_projection.weight":
+            gain = dec
+        torch.testing.assert_close(value, s_base[key] * gain, rtol=1e-6, atol=0, msg=key)
+
+
+def test_qk_norm_is_a_switch_of_any_placement(tiny_task):
+    """placement=NAME placement.qk_norm=true: one norm per head-projection, nothing else changes."""
+    from dataclasses import replace
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from lnexp.scheme import placement_of
+    from lnexp.train.settings import SimpleNamespace
+
+    spec = replace(placement_of(SimpleNamespace(placement="post_ln")), qk_norm=True)
+    torch.manual_seed(0)
+    qk = ARCH_MODEL_REGISTRY["ln_transformer"].build_model(
+        tiny_args("ln_transformer", placement="post_ln", placement_spec=spec.to_json()), tiny_task)
+    torch.manual_seed(0)
+    plain = ARCH_MODEL_REGISTRY["ln_transformer"].build_model(
+        tiny_args("ln_transformer", placement="post_ln"), tiny_task)
+    extra = set(qk.state_dict()) - set(plain.state_dict())
+    assert extra and all(".q_norm." in k or ".k_norm." in k for k in extra)
+    assert len(extra) == 2 * 2 * (2 + 4)  # weight + bias, q + k, 2 encoder + 2x2 decoder attentions
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, qk.state_dict()[k]), k
+
+
+@pytest.mark.parametrize("placement", ZOO)
+def test_gradients_reach_embeddings_and_incremental_decoding_equals_full(zoo_models, tiny_batch,
+                                                                         placement):
+    model = zoo_models[placement]
+    src, lengths, prev, target = tiny_batch
+    model.zero_grad()
+    logits, _ = model(src, lengths, prev)
+    F.cross_entropy(logits.transpose(1, 2), target).backward()
+    grad = model.encoder.embed_tokens.weight.grad
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+    enc = model.encoder(src, lengths)
+    full = model.decoder(prev, encoder_out=enc)[0]
+    state: dict = {}
+    steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+             for t in range(prev.shape[1])]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-6, atol=1e-6)  # float32 softmax
