@@ -57,7 +57,7 @@ def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str],
 
         most = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
                          str(e))
-        least = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs\. (\d+)",
+        least = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)",
                           str(e))
         if most is not None:
             raise DataError(f"{train[0].parent}: the training text is too small for a {vocab_size}-"
