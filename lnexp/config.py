@@ -176,6 +176,11 @@ def restore_fairseq_schemas() -> None:
 # --- composing ----------------------------------------------------------------------------------
 
 
+# The config each combination of group options gives, for check_types (the same for the whole
+# process: configs/ does not change under it).
+_REFERENCES: dict[tuple[str, ...], dict] = {}
+
+
 @contextmanager
 def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
     """A function that composes configs/train.yaml with overrides: resolved, every key known and of
@@ -194,7 +199,6 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
     if "fairseq" in sys.modules:  # its Hydra schemas ("optimizer/adam") would shadow lnexp's groups
         hide_fairseq_schemas()
     parser = OverridesParser.create()
-    references: dict[tuple[str, ...], dict] = {}
 
     def resolved(overrides: list[str]) -> DictConfig:
         try:
@@ -216,8 +220,8 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
         # type and an example of what the key takes.
         groups = tuple(o for o, key in zip(overrides, keys, strict=True)
                        if key.lstrip("+~") in GROUPS)
-        if groups not in references:
-            references[groups] = OmegaConf.to_container(resolved(list(groups)))
+        if groups not in _REFERENCES:
+            _REFERENCES[groups] = OmegaConf.to_container(resolved(list(groups)))
         try:
             cfg = resolved(overrides)
         except ConfigError as e:
@@ -225,8 +229,8 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
             if unknown is None:
                 raise
             raise ConfigError(f"Could not override '{unknown[1]}': "
-                              f"{unknown_key(unknown[1], references[groups])}") from None
-        check_types(OmegaConf.to_container(cfg), references[groups])
+                              f"{unknown_key(unknown[1], _REFERENCES[groups])}") from None
+        check_types(OmegaConf.to_container(cfg), _REFERENCES[groups])
         return cfg
 
     GlobalHydra.instance().clear()
