@@ -69,6 +69,13 @@ def _dispatch(argv: list[str]) -> int:
     except UserError as e:
         print(f"lnexp {command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # a path the command could not read or write, where no check named it
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"lnexp {command}: error: {where}{e.strerror or e}: check the path and that you may "
+              "read or write there", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"lnexp {command}: interrupted; finished work is kept, re-run to resume",
               file=sys.stderr)

@@ -8,11 +8,13 @@ Imports only Hydra/OmegaConf (no torch, no fairseq).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lnexp.errors import ConfigError
 from lnexp.names import NORMS, PLACEMENTS, PRECISIONS, SCHEDULES
@@ -24,6 +26,9 @@ GROUPS = tuple(sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()))
 # Keys that say how long to train or how to report: they do not name the run, so raising max_epoch
 # continues a finished run in its own folder (configs/train.yaml repeats them for Hydra).
 LENGTH_KEYS = ("max_epoch", "max_update")
+# The most layers a stack may have: DeepNet (Wang et al. 2022), the deepest of the study's schemes,
+# trained 1,000 layers in all; far more would fill the memory before the first update.
+MAX_LAYERS = 1000
 
 
 def register_resolvers() -> None:
@@ -44,6 +49,20 @@ def run_name(overrides: str, schedule: str = "", max_epoch: int = 0, max_update:
         if max_update:
             items.append(f"max_update={max_update}")
     return ",".join(sorted(items)).replace("/", "_") or "default"
+
+
+def config_keys() -> set[str]:
+    """Every dotted key the training config can hold, under any option of any group (read from the
+    YAML files, without composing: for readers of finished runs such as ``lnexp results``)."""
+    train = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "train.yaml"))
+    keys = {k for k in dotted(train) if k.split(".")[0] not in ("defaults", "hydra")}
+    for group in GROUPS:
+        keys.add(group)
+        for yaml in (CONFIG_DIR / group).glob("*.yaml"):
+            node = OmegaConf.to_container(OmegaConf.load(yaml))
+            if isinstance(node, dict) and group != "experiment":  # experiments set existing keys
+                keys |= {k for k in dotted(node, f"{group}.") if ".defaults" not in k}
+    return keys
 
 
 # --- overrides ----------------------------------------------------------------------------------
@@ -89,11 +108,15 @@ def _enumerable(o) -> bool:
 
 
 def _numeric_option(group: str, value: float) -> str:
-    """``depth=N`` for any N >= 1 (both stacks); other groups' numeric options must exist as files."""
+    """``depth=N`` for any 1 <= N <= MAX_LAYERS (both stacks); other groups' numeric options must
+    exist as files."""
     if group == "depth":
-        if value != int(value) or value < 1:
+        if not math.isfinite(value) or value != int(value) or value < 1:
             raise ConfigError(f"depth={value} must be a whole number of layers >= 1 (e.g. depth=12; "
                               "depth.encoder_layers=... depth.decoder_layers=... for unequal stacks)")
+        if value > MAX_LAYERS:
+            raise ConfigError(f"depth={int(value)} is more than {MAX_LAYERS} layers a stack, the most "
+                              f"lnexp builds: e.g. depth=12")
         n = int(value)
         if not (CONFIG_DIR / "depth" / f"{n}.yaml").is_file():
             from hydra.core.config_store import ConfigStore
@@ -154,27 +177,61 @@ def restore_fairseq_schemas() -> None:
 # --- composing ----------------------------------------------------------------------------------
 
 
+# The config each combination of group options gives, for check_types (the same for the whole
+# process: configs/ does not change under it).
+_REFERENCES: dict[tuple[str, ...], dict] = {}
+
+
 @contextmanager
 def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
-    """A function that composes configs/train.yaml with overrides (resolved, not yet validated)."""
+    """A function that composes configs/train.yaml with overrides: resolved, every key known and of
+    its config type (as Hydra refuses an unknown key without ``+``), the values' ranges not yet
+    validated."""
     import sys
 
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     register_resolvers()
     if "fairseq" in sys.modules:  # its Hydra schemas ("optimizer/adam") would shadow lnexp's groups
         hide_fairseq_schemas()
+    parser = OverridesParser.create()
 
-    def compose_one(overrides: list[str]) -> DictConfig:
+    def resolved(overrides: list[str]) -> DictConfig:
         try:
-            cfg = hydra_compose("train", overrides=normalise(list(overrides)))
+            cfg = hydra_compose("train", overrides=overrides)
             OmegaConf.resolve(cfg)
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(explain(e)) from None
+        return cfg
+
+    def compose_one(overrides: list[str]) -> DictConfig:
+        overrides = normalise(list(overrides))
+        keys = [parser.parse_override(o).get_key_element() for o in overrides]
+        for i, key in enumerate(keys):  # Hydra would keep the last silently; both would name the run
+            if key in keys[:i]:
+                raise ConfigError(f"{key} is given twice ({overrides[keys.index(key)]} and "
+                                  f"{overrides[i]}): give it once, or sweep both values with -m "
+                                  f"{key}=a,b")
+        # The same group options without the key=value overrides: each key's value there is the
+        # type and an example of what the key takes.
+        groups = tuple(o for o, key in zip(overrides, keys, strict=True)
+                       if key.lstrip("+~") in GROUPS)
+        if groups not in _REFERENCES:
+            _REFERENCES[groups] = OmegaConf.to_container(resolved(list(groups)))
+        try:
+            cfg = resolved(overrides)
+        except ConfigError as e:
+            unknown = re.match(r"Could not override '([^']+)'", str(e))
+            if unknown is None:
+                raise
+            raise ConfigError(f"Could not override '{unknown[1]}': "
+                              f"{unknown_key(unknown[1], _REFERENCES[groups])}") from None
+        check_types(OmegaConf.to_container(cfg), _REFERENCES[groups])
         return cfg
 
     GlobalHydra.instance().clear()
@@ -186,7 +243,7 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
 
 
 def compose(overrides: list[str] | tuple[str, ...] = (), check: bool = True) -> DictConfig:
-    """configs/train.yaml with these overrides, resolved and (by default) validated."""
+    """configs/train.yaml with these overrides, resolved, typed and (by default) validated."""
     with composer() as compose_one:
         cfg = compose_one(list(overrides))
     if check:
@@ -196,59 +253,220 @@ def compose(overrides: list[str] | tuple[str, ...] = (), check: bool = True) -> 
 
 # --- validation ---------------------------------------------------------------------------------
 
+
+def check_types(cfg: dict, reference: dict, prefix: str = "") -> None:
+    """Every key of ``cfg`` exists in ``reference`` (the config its group options give) and holds a
+    value of the same kind: a whole number where the config has one, a list of numbers where it has
+    a list, and so on. A ``null`` in the reference takes anything."""
+    for key, value in cfg.items():
+        path = f"{prefix}{key}"
+        if key not in reference:
+            raise ConfigError(f"{path} is {unknown_key(path, reference, prefix)}")
+        _check_kind(path, value, reference[key])
+    for key in reference:
+        if key not in cfg:
+            raise ConfigError(f"~{prefix}{key} deletes a key lnexp reads: set a value instead, "
+                              f"e.g. {prefix}{key}={_hydra_value(reference[key])}")
+
+
+def unknown_key(path: str, reference: dict, prefix: str = "") -> str:
+    """'not a key ...' for a key the config lacks, with the nearest one it has."""
+    import difflib
+
+    near = difflib.get_close_matches(path, dotted(reference, prefix), n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    return f"not a key of lnexp's training config ({hint}lnexp train --help lists the groups and keys)"
+
+
+def dotted(node: dict, prefix: str = "") -> list[str]:
+    """Every key of a nested config as a dotted path."""
+    out = []
+    for k, v in node.items():
+        out.append(f"{prefix}{k}")
+        if isinstance(v, dict):
+            out += dotted(v, f"{prefix}{k}.")
+    return out
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int):
+        return "a whole number"
+    if isinstance(value, float):
+        return "a number"
+    return "text"
+
+
+def _fits(value: object, like: object) -> bool:
+    """Is ``value`` of the kind of the config's ``like``?"""
+    if like is None:
+        return True
+    if isinstance(like, bool):
+        return isinstance(value, bool)
+    if isinstance(like, int | float):
+        numeric = isinstance(value, int | float) and not isinstance(value, bool)
+        return numeric and (isinstance(like, float) or not math.isfinite(value) or int(value) == value)
+    return not isinstance(value, dict | list)
+
+
+def _check_kind(path: str, value: object, like: object) -> None:
+    if isinstance(like, dict):
+        if not isinstance(value, dict):
+            first = next(iter(like), "")
+            raise ConfigError(f"{path}={value!r}: {path} holds keys ({', '.join(like)}), not a value: "
+                              f"set one of them, e.g. {path}.{first}={_hydra_value(like.get(first))}")
+        check_types(value, like, f"{path}.")
+    elif isinstance(like, list):
+        items = like[:1] or [None]
+        if not isinstance(value, list) or not all(_fits(v, items[0]) for v in value):
+            what = "a list" + (f" of {_kind(items[0]).removeprefix('a ')}s" if like else "")
+            raise ConfigError(f"{path}={value!r} is not {what}: e.g. "
+                              f"{_EXAMPLES.get(path, f'{path}={_hydra_value(like)}')}")
+    elif not _fits(value, like):
+        if isinstance(like, int) and not isinstance(like, bool) and isinstance(value, float):
+            kind = "a whole number"
+        else:
+            kind = _kind(like)
+        raise ConfigError(f"{path}={value!r} is not {kind}: e.g. "
+                          f"{_EXAMPLES.get(path, f'{path}={_hydra_value(like)}')}")
+
+
+def _hydra_value(value: object) -> str:
+    """A value as an override writes it: ``[0.9,0.98]``, ``true``, ``null``."""
+    if isinstance(value, list):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
 _EXAMPLES = {"lr": "lr=5e-4", "warmup": "warmup=4000", "max_epoch": "max_epoch=2",
              "max_update": "max_update=100", "residual_scale": "residual_scale=0.5",
-             "seed": "seed=1"}
+             "seed": "seed=1", "optimizer.betas": "optimizer.betas=[0.9,0.98]"}
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric key takes: from ``low`` to ``high`` (an end left out with ``above`` or
+    ``below``), whole numbers or not; a list's items each so (``length`` of them if given); ``note``
+    says what the ends mean."""
+
+    low: float
+    high: float | None = None
+    above: bool = False  # low itself is excluded
+    below: bool = False  # high itself is excluded
+    whole: bool = True
+    unit: str = ""
+    note: str = ""
+    length: int | None = None
+
+    def fault(self, x: float) -> str | None:
+        """Why ``x`` is not one of these values (None if it is)."""
+        noun = ("a whole number" if self.whole else "a number") + (f" of {self.unit}" if self.unit else "")
+        note = f" ({self.note})" if self.note else ""
+        if self.high is not None and not self.whole:
+            ok = math.isfinite(x) and (x > self.low or x == self.low and not self.above) \
+                and (x < self.high or x == self.high and not self.below)
+            ends = (f"{'(' if self.above else '['}{_num(self.low)}, {_num(self.high)}"
+                    f"{')' if self.below else ']'}")
+            return None if ok else f"{noun} in {ends}{note}"
+        if not math.isfinite(x) or x < self.low or (x == self.low and self.above):
+            if self.low == 0 and self.above and not self.whole:
+                return f"a positive number{note}"
+            return f"{noun} {'>' if self.above else '>='} {_num(self.low)}{note}"
+        if self.high is not None and x > self.high:
+            return f"{noun} <= {_num(self.high)}{note}"
+        return None
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if x == int(x) else f"{x:g}"
+
+
+# Every numeric key a run reads (top-level and inside groups) and the values it takes; whether it
+# is a number, text or a list is the config's own type (check_types). A key absent from the run's
+# config (optimizer.momentum under adam) is skipped.
+NUMBER = {"whole": False}
+BOUNDS: dict[str, Bound] = {
+    "lr": Bound(0, above=True, **NUMBER),
+    "warmup": Bound(0, unit="updates", note="warmup=0 for none"),
+    "seed": Bound(0, 2**32 - 1),
+    "max_epoch": Bound(1),
+    "max_update": Bound(0, note="0 = no limit"),
+    "log_interval": Bound(1, unit="updates"),
+    "residual_scale": Bound(0, above=True, note="1.0 = plain residual", **NUMBER),
+    "threads": Bound(0, note="0 = torch's default"),
+    "save_interval_updates": Bound(0, unit="updates", note="0 = at the end of each epoch only"),
+    "track_every": Bound(1, unit="updates"),
+    "eval.beam": Bound(1),
+    "eval.lenpen": Bound(0, **NUMBER),
+    "eval.max_sentences": Bound(1),
+    "eval.subset": Bound(0, note="0 = the whole validation set"),
+    "checkpoint.keep_last_epochs": Bound(0, note="0 keeps no epoch checkpoints"),
+    "divergence.plateau_epoch": Bound(1),
+    "divergence.plateau_margin": Bound(0, unit="bits", **NUMBER),
+    "norm.alpha0": Bound(0, above=True, **NUMBER),
+    "depth.encoder_layers": Bound(1, MAX_LAYERS, unit="layers"),
+    "depth.decoder_layers": Bound(1, MAX_LAYERS, unit="layers"),
+    "optimizer.betas": Bound(0, 1, below=True, length=2, **NUMBER),
+    "optimizer.eps": Bound(0, above=True, **NUMBER),
+    "optimizer.momentum": Bound(0, 1, below=True, **NUMBER),
+    "optimizer.weight_decay": Bound(0, **NUMBER),
+    "optimizer.clip_norm": Bound(0, note="0 = no clipping", **NUMBER),
+    "schedule.epochs": Bound(1),
+    "schedule.gamma": Bound(0, above=True, **NUMBER),
+    "scale.max_tokens": Bound(1, unit="tokens"),
+    "scale.update_freq": Bound(1),
+    "scale.decay_epoch": Bound(1),
+    "scale.dropout": Bound(0, 1, below=True, **NUMBER),
+    "scale.label_smoothing": Bound(0, 1, below=True, **NUMBER),
+    "dataset.vocab_size": Bound(1),
+    "dataset.max_tokens": Bound(1, unit="tokens"),
+    "dataset.update_freq": Bound(1),
+    "dataset.beam": Bound(1),
+    "dataset.lenpen": Bound(0, **NUMBER),
+    "dataset.paper_epochs": Bound(1),
+    "dataset.decay_epoch": Bound(1),
+    "distributed.world_size": Bound(1),
+    "distributed.port": Bound(-1, 65535, note="-1 = none"),
+    "distributed.bucket_cap_mb": Bound(1),
+    "distributed.heartbeat_timeout": Bound(-1, note="-1 = never"),
+}
+# Keys that take one of a few words.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "norm.name": NORMS, "precision": PRECISIONS, "device": ("auto", "cpu", "cuda"),
+    "placement.name": PLACEMENTS, "schedule.name": SCHEDULES,
+    "distributed.backend": ("auto", "gloo", "nccl"),
+    "distributed.ddp_backend": ("auto", "legacy_ddp", "pytorch_ddp", "c10d", "no_c10d"),
+}
 
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (one line, naming the fix) for values no run can use."""
-
-    def number(key: str, whole: bool = False) -> float:
-        value = cfg[key]
-        kind = "whole number" if whole else "number"
-        if isinstance(value, bool) or not isinstance(value, int | float) or (
-                whole and int(value) != value):
-            raise ConfigError(f"{key}={value!r} is not a {kind}: e.g. {_EXAMPLES[key]}")
-        return float(value)
-
-    lr = number("lr")
-    if not math.isfinite(lr) or lr <= 0:
-        raise ConfigError(f"lr={cfg.lr} must be a positive number: e.g. lr=5e-4")
-    if number("warmup", whole=True) < 0:
-        raise ConfigError(f"warmup={cfg.warmup} must be a whole number of updates >= 0 "
-                          "(warmup=0 for none)")
-    if number("max_epoch", whole=True) < 1:
-        raise ConfigError(f"max_epoch={cfg.max_epoch} must be a whole number >= 1")
-    if number("max_update", whole=True) < 0:
-        raise ConfigError(f"max_update={cfg.max_update} must be >= 0 (0 = no limit)")
-    number("seed", whole=True)
-    if number("residual_scale") <= 0:
-        raise ConfigError(f"residual_scale={cfg.residual_scale} must be > 0 (1.0 = plain residual)")
-    for side in ("encoder_layers", "decoder_layers"):
-        n = cfg.depth[side]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"depth.{side}={n!r} must be a whole number of layers >= 1")
+    for key, bound in BOUNDS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None:
+            continue
+        many = isinstance(value, ListConfig | list)
+        items = list(value) if many else [value]
+        shown = _hydra_value(list(value)) if many else repr(value) if isinstance(value, str) else value
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+            raise ConfigError(f"{key}={shown} is not {'a whole number' if bound.whole else 'a number'}"
+                              + (f": e.g. {_EXAMPLES[key]}" if key in _EXAMPLES else ""))
+        if bound.length is not None and len(items) != bound.length:
+            raise ConfigError(f"{key}={shown} needs {bound.length} values: e.g. "
+                              f"{_EXAMPLES.get(key, key + '=[...]')}")
+        for v in items:
+            fault = bound.fault(v) or (None if not bound.whole or v == int(v) else "a whole number")
+            if fault:
+                raise ConfigError(f"{key}={shown}: each value must be {fault}" if many
+                                  else f"{key}={shown} must be {fault}")
+    for key, allowed in CHOICES.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, str | int | float) and value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
     try:  # the placement and norm groups' structure (lnexp/scheme.py)
         Placement.from_config(cfg.placement), Norm.from_config(cfg.norm)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    checks = [("norm", cfg.norm.name, NORMS), ("precision", cfg.precision, PRECISIONS),
-              ("device", cfg.device, ("auto", "cpu", "cuda")),
-              ("placement", cfg.placement.name, PLACEMENTS),
-              ("schedule", cfg.schedule.name, SCHEDULES)]
-    for key, value, allowed in checks:
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
-    for key in ("beam", "max_sentences", "subset"):
-        value = cfg.eval[key]
-        low = 0 if key == "subset" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"eval.{key}={value!r} must be a whole number >= {low}")
-    keep = cfg.checkpoint.keep_last_epochs
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-        raise ConfigError(f"checkpoint.keep_last_epochs={keep!r} must be a whole number >= 0 "
-                          "(0 keeps no epoch checkpoints)")
-    log_interval = cfg.get("log_interval", 1)
-    if isinstance(log_interval, bool) or not isinstance(log_interval, int) or log_interval < 1:
-        raise ConfigError(f"log_interval={log_interval!r} must be a whole number of updates >= 1")

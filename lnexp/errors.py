@@ -1,6 +1,7 @@
 """User-facing errors: the CLI prints them as one line and exits with status 2."""
 
 import argparse
+import math
 from typing import NoReturn
 
 
@@ -22,3 +23,35 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UserError(f"{message} ({self.prog} --help)")
+
+
+def at_least(low: int):
+    """An argparse type: a whole number >= ``low`` (argparse names the option in its message)."""
+
+    def whole(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {n}")
+        return n
+
+    whole.__name__ = f"whole number >= {low}"
+    return whole
+
+
+def finite(value: str) -> float:
+    """An argparse type: a finite number."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"must be a finite number, not {value}")
+    return x
+
+
+def cannot_write(e: OSError, fix: str) -> UserError:
+    """One line for an output that could not be written: the path, the system's reason, the fix."""
+    return UserError(f"cannot write {e.filename or 'the output'}: {e.strerror or e}: {fix}")

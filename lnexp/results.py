@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import ArgumentParser, UserError
+from lnexp.errors import ArgumentParser, UserError, cannot_write
 from lnexp.train.runlog import effective_status, read_metrics
 
 COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
@@ -189,14 +189,20 @@ _MISSING = object()
 
 
 def check_filter_keys(runs: list[Run], filters: dict[str, Any]) -> None:
-    """A key that is neither a column nor a config key of any run is a typo: say so."""
+    """A key that is neither a column, a config key of any run, nor a key of the training config
+    is a typo, whatever the runs are: say so."""
     import difflib
+
+    from lnexp.config import config_keys
 
     for key in filters:
         key = key.replace("__", ".")
-        if key in COLUMNS or not runs or any(r.get(key, _MISSING) is not _MISSING for r in runs):
+        if key in COLUMNS or any(r.get(key, _MISSING) is not _MISSING for r in runs):
             continue
-        known = [*COLUMNS, *sorted({k for r in runs for k in dotted_keys(r.config)})]
+        schema = config_keys()
+        if key in schema:
+            continue
+        known = [*COLUMNS, *sorted({*schema, *(k for r in runs for k in dotted_keys(r.config))})]
         near = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean {near[0]}? " if near else ""
         raise UserError(f"unknown filter key {key!r}: {hint}use a column ({', '.join(COLUMNS[1:-1])}) "
@@ -357,8 +363,12 @@ def main(argv: list[str]) -> int:
         if args.csv == "-":
             sys.stdout.write(text)
         else:
-            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.csv).write_text(text)
+            try:
+                Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+                Path(args.csv).write_text(text)
+            except OSError as e:
+                raise cannot_write(e, "pass --csv a path in a folder you can write, or --csv - "
+                                      "for stdout") from None
             print(f"{len(rows)} runs -> {args.csv}")
         return 0
     if not rows:

@@ -14,23 +14,6 @@ import pytest
 from tests.conftest import REPO, lnexp_cmd
 from tests.test_figures_fig2_fig4 import fake_run
 
-# As tests/test_train.py's SMALL, but 2+2 layers and 6 updates an epoch at a low constant lr:
-# 2 epochs in seconds, and a barely trained model whose translations differ from sentence to
-# sentence (so that comparing two decoders' outputs means something). The per-epoch BLEU decodes
-# all 60 validation sentences (not a multiple of 8), as `lnexp evaluate --split valid` does.
-TINY = ["dataset.vocab_size=600", "scale.max_tokens=4000", "depth.encoder_layers=2",
-        "depth.decoder_layers=2", "lr=1e-4", "warmup=0", "schedule=constant",
-        "divergence.plateau_epoch=99", "max_epoch=2", "checkpoint.keep_last_epochs=2"]
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, small_multi30k) -> Path:
-    tmp = tmp_path_factory.mktemp("evalrun")
-    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={tmp / 'runs'}",
-              cache=tmp / "cache")
-    (run_dir,) = (tmp / "runs").iterdir()
-    return run_dir
-
 
 def lnexp(capsys, *args: str) -> tuple[int, str, str]:
     """The CLI in this process (torch stays imported between calls): (status, stdout, stderr)."""

@@ -19,20 +19,10 @@ from pathlib import Path
 from lnexp.data.cache import cache_root
 from lnexp.data.subword import SUBWORDS
 from lnexp.data.text import SPLITS
-from lnexp.errors import ArgumentParser, ConfigError
+from lnexp.errors import ArgumentParser, ConfigError, at_least
 
 STAGES = ("text", "subword", "bin")
 DEFAULT_VOCAB = {"multi30k": 8000, "iwslt14": 10000, "wmt14": 37000}
-
-
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
-    return n
 
 
 def parser() -> ArgumentParser:
@@ -40,7 +30,7 @@ def parser() -> ArgumentParser:
     common.add_argument("--subword", choices=SUBWORDS, default="sentencepiece",
                         help="joint subword model: sentencepiece BPE (default) or subword_nmt "
                              "(the reference scripts' tool; --vocab-size is then the merge count)")
-    common.add_argument("--vocab-size", type=_positive, default=None, metavar="N",
+    common.add_argument("--vocab-size", type=at_least(1), default=None, metavar="N",
                         help="subword vocabulary size (default: multi30k 8000, iwslt14 10000, "
                              "wmt14 37000)")
     common.add_argument("--cache", type=Path, default=None, metavar="DIR",
@@ -59,7 +49,7 @@ def parser() -> ArgumentParser:
     w.add_argument("--dir", type=Path, required=True,
                    help="folder holding europarl-v7, commoncrawl, news-commentary-v9, "
                         "newstest2013 and newstest2014 (searched recursively)")
-    w.add_argument("--max-train-pairs", type=_positive, default=None, metavar="N",
+    w.add_argument("--max-train-pairs", type=at_least(1), default=None, metavar="N",
                    help="use only the first N training pairs (smoke runs)")
     return p
 

@@ -53,15 +53,21 @@ def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str],
             bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
         )
     except RuntimeError as e:
-        most = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
-                         str(e))
-        if most is None:
-            raise
         from lnexp.errors import DataError
 
-        raise DataError(f"{train[0].parent}: the training text is too small for a {vocab_size}-piece "
-                        f"sentencepiece vocabulary (at most {most.group(2)}): pass a smaller "
-                        "--vocab-size") from None
+        most = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
+                         str(e))
+        least = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)",
+                          str(e))
+        if most is not None:
+            raise DataError(f"{train[0].parent}: the training text is too small for a {vocab_size}-"
+                            f"piece sentencepiece vocabulary (at most {most.group(2)}): pass a "
+                            "smaller --vocab-size") from None
+        if least is not None:
+            raise DataError(f"a {vocab_size}-piece vocabulary cannot hold the {least.group(2)} "
+                            f"characters of {train[0].parent}: pass --vocab-size "
+                            f"{int(least.group(2)) + 1} or more") from None
+        raise
     return piece_encoder("sentencepiece", out / SPM_MODEL)
 
 

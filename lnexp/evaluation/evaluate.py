@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from lnexp.errors import ArgumentParser, UserError
+from lnexp.errors import ArgumentParser, UserError, at_least, finite
 from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
 from lnexp.results import RECORD, record_dir
 
@@ -34,9 +34,9 @@ def parser(prog: str, description: str) -> ArgumentParser:
     ap.add_argument("--checkpoint", default="best",
                     help="best (lowest valid loss), last, or avgN: the average of the last N epoch "
                          "checkpoints (train with checkpoint.keep_last_epochs=N); default best")
-    ap.add_argument("--beam", type=int, help="beam size (default: the run's dataset value)")
-    ap.add_argument("--lenpen", type=float, help="length penalty (default: the run's dataset value)")
-    ap.add_argument("--batch-size", type=int, help="sentences per batch (default: the run's "
+    ap.add_argument("--beam", type=at_least(1), help="beam size (default: the run's dataset value)")
+    ap.add_argument("--lenpen", type=finite, help="length penalty (default: the run's dataset value)")
+    ap.add_argument("--batch-size", type=at_least(1), help="sentences per batch (default: the run's "
                     "eval.max_sentences)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     return ap
@@ -48,7 +48,8 @@ def decoding(run: RunInfo, args: argparse.Namespace) -> tuple[int, float, int, s
 
     beam = int(args.beam if args.beam is not None else run.setting("beam", "beam"))
     lenpen = float(args.lenpen if args.lenpen is not None else run.setting("lenpen", "lenpen"))
-    batch = int(args.batch_size or run.config.get("eval", {}).get("max_sentences") or 128)
+    batch = int(args.batch_size if args.batch_size is not None
+                else run.config.get("eval", {}).get("max_sentences") or 128)
     if beam < 1 or batch < 1:
         raise UserError(f"--beam {beam} / --batch-size {batch}: both must be >= 1")
     return beam, lenpen, batch, resolve_device(SimpleNamespace(device=args.device))

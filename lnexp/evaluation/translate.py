@@ -51,9 +51,23 @@ class Translator:
         return out
 
 
+def _lines(stream) -> Iterator[str]:
+    """The stream's lines as text; bytes that are not UTF-8 are one line naming the line, not the
+    tokenizer's crash (stdin decodes them as surrogates under a C locale, or raises)."""
+    raw = getattr(stream, "buffer", None)
+    for n, line in enumerate(raw if raw is not None else stream, 1):
+        try:
+            text = line.decode("utf-8") if isinstance(line, bytes) else line
+            text.encode("utf-8")
+        except UnicodeError as e:
+            raise UserError(f"stdin line {n} is not UTF-8 text ({e.reason}): re-encode the input, "
+                            "e.g. iconv -f latin1 -t utf-8 FILE | lnexp translate RUN") from None
+        yield text
+
+
 def _chunks(stream, size: int) -> Iterator[list[str]]:
     buf: list[str] = []
-    for line in stream:
+    for line in _lines(stream):
         buf.append(line.rstrip("\r\n"))
         if len(buf) == size:
             yield buf

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import UserError
+from lnexp.errors import UserError, at_least
 from lnexp.figures import measured
 
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
@@ -46,28 +46,31 @@ FAR_BELOW = 0.5  # after warm-up / at init ratio up to which it is "far below"
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = measured.parser("fig3", __doc__.split("\n")[0],
                         "where the after-warm-up run is trained (reused when finished)")
-    p.add_argument("--seeds", type=int, default=10, help="random seeds (init + batch), default 10")
+    p.add_argument("--seeds", type=at_least(1), default=10, help="random seeds (init + batch), default 10")
     p.add_argument("--depths", default="6,8,10,12,14", help="layers per stack for (c, d)")
-    p.add_argument("--layers-depth", type=int, default=None,
+    p.add_argument("--layers-depth", type=at_least(1), default=None,
                    help="depth of the per-layer panels (a, b); default: the smallest of --depths")
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--max-tokens", type=at_least(1), default=None,
                    help="padded tokens per measurement batch (default 1024 at mini, the dataset's "
                    "batch size at paper scale)")
-    p.add_argument("--d-model", type=int, default=None,
+    p.add_argument("--d-model", type=at_least(1), default=None,
                    help="model width for the at-init models (default: the paper's model, 512)")
-    p.add_argument("--warmup-updates", type=int, default=None,
+    p.add_argument("--warmup-updates", type=at_least(0), default=None,
                    help="updates of the Post-LN after-warm-up run (default: the scale's warmup; 0 = skip)")
     p.add_argument("--split", default="train", help="dataset split the batches come from")
     p.add_argument("--replot", action="store_true",
                    help="redraw the figure from the summary CSV and checks JSON in --out (no measuring)")
     args = p.parse_args(argv)
-    args.depths = sorted({int(d) for d in args.depths.split(",") if d.strip()})
+    try:
+        args.depths = sorted({at_least(1)(d) for d in args.depths.split(",") if d.strip()})
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--depths {args.depths!r}: {e} (layers per stack, e.g. --depths 6,8,10)")
+    if not args.depths:
+        p.error("--depths is empty: e.g. --depths 6,8,10")
     if args.layers_depth is None:
         args.layers_depth = args.depths[0]
     if args.layers_depth not in args.depths:
         args.depths = sorted({*args.depths, args.layers_depth})
-    if args.seeds < 1:
-        p.error("--seeds must be >= 1")
     return args
 
 

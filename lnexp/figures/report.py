@@ -246,8 +246,9 @@ def claims_table(figures: Path, scale: str) -> str:
     return "\n".join([*lines, "", README_END])
 
 
-def update_readme(path: Path, table: str) -> None:
-    """Replace the claims block of ``path`` (between the markers) with ``table``, atomically."""
+def claims_block(path: Path) -> tuple[str, int, int]:
+    """``path``'s text and where its claims block starts and ends; a file without one is a
+    UserError (checked before the report is written)."""
     from lnexp.errors import UserError
 
     text = path.read_text() if path.is_file() else ""
@@ -255,6 +256,12 @@ def update_readme(path: Path, table: str) -> None:
     if start < 0 or end < start:
         raise UserError(f"{path} has no claims block: put the lines {README_BEGIN!r} and "
                         f"{README_END!r} where the table belongs")
+    return text, start, end
+
+
+def update_readme(path: Path, table: str) -> None:
+    """Replace the claims block of ``path`` (between the markers) with ``table``, atomically."""
+    text, start, end = claims_block(path)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text[:start] + table + text[end + len(README_END):])
     tmp.replace(path)
@@ -269,6 +276,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--readme", type=Path, default=None,
                     help="also rewrite the claims table of this file (between its claims markers)")
     args = ap.parse_args(argv)
+    if args.readme is not None:
+        claims_block(args.readme)
     args.out.mkdir(parents=True, exist_ok=True)
     text = build(args.figures, args.out, args.scale, args.runs_root)
     path = args.out / "README.md"

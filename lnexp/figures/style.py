@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lnexp.errors import cannot_write
+
 COLORS = {"post_ln": "#d62728", "pre_ln": "#1f77b4", "peri_ln": "#2ca02c", "deepnorm": "#9467bd"}
 LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepnorm": "DeepNorm"}
 
@@ -39,15 +41,19 @@ def save(fig, out_dir: Path, name: str, note: str | None = None) -> list[Path]:
     ``note`` goes under the figure (scale, data)."""
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     if note:
         fig.text(0.01, 0.005, note, fontsize=7, color="0.35", ha="left", va="bottom")
     paths = []
-    for ext in ("png", "pdf"):
-        final = out_dir / f"{name}.{ext}"
-        tmp = out_dir / f".{name}.tmp.{ext}"
-        fig.savefig(tmp, bbox_inches="tight")
-        tmp.replace(final)
-        paths.append(final)
-    plt.close(fig)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for ext in ("png", "pdf"):
+            final = out_dir / f"{name}.{ext}"
+            tmp = out_dir / f".{name}.tmp.{ext}"
+            fig.savefig(tmp, bbox_inches="tight")
+            tmp.replace(final)
+            paths.append(final)
+    except OSError as e:
+        raise cannot_write(e, "pass --out a folder you can write") from None
+    finally:
+        plt.close(fig)
     return paths

@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from lnexp.errors import at_least
 from lnexp.figures import measured
 
 LEMMA_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
@@ -40,18 +41,18 @@ JAC_TOL = 0.01  # relative deviation of ‖J_LN‖₂ from √d/‖x‖ for cent
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = measured.parser("theory", __doc__.split("\n")[0], "where finished runs for (d, e) are looked for")
-    p.add_argument("--lemma-d", type=int, default=256, help="width in the simplified setting")
-    p.add_argument("--lemma-layers", type=int, default=12, help="layers in the simplified setting")
-    p.add_argument("--lemma-seeds", type=int, default=6, help="initialisations averaged")
-    p.add_argument("--lemma-tokens", type=int, default=32, help="tokens per sequence (x 8 sequences)")
-    p.add_argument("--d-model", type=int, default=None,
+    p.add_argument("--lemma-d", type=at_least(1), default=256, help="width in the simplified setting")
+    p.add_argument("--lemma-layers", type=at_least(1), default=12, help="layers in the simplified setting")
+    p.add_argument("--lemma-seeds", type=at_least(1), default=6, help="initialisations averaged")
+    p.add_argument("--lemma-tokens", type=at_least(1), default=32, help="tokens per sequence (x 8 sequences)")
+    p.add_argument("--d-model", type=at_least(1), default=None,
                    help="width of the real model at init (default: the paper's model, 512)")
-    p.add_argument("--real-seeds", type=int, default=2, help="initialisations of the real model")
-    p.add_argument("--max-tokens", type=int, default=512, help="padded tokens of the real batch")
-    p.add_argument("--train-updates", type=int, default=20,
+    p.add_argument("--real-seeds", type=at_least(1), default=2, help="initialisations of the real model")
+    p.add_argument("--max-tokens", type=at_least(1), default=512, help="padded tokens of the real batch")
+    p.add_argument("--train-updates", type=at_least(0), default=20,
                    help="updates of the short runs for (d, e) when no finished runs are found; "
                    "0 = at init only")
-    p.add_argument("--train-tokens", type=int, default=1024, help="batch size of those short runs")
+    p.add_argument("--train-tokens", type=at_least(1), default=1024, help="batch size of those short runs")
     p.add_argument("--no-reuse", action="store_true", help="do not look for finished runs")
     return p.parse_args(argv)
 

@@ -131,16 +131,29 @@ def _print_summary(run_dir: Path) -> None:
 
 
 def _hydra_argv(argv: list[str]) -> list[str]:
-    """argv with the task overrides normalised (``depth=12`` -> ``depth='12'``) and ``--cfg`` printing
-    the resolved config."""
+    """argv with the task overrides normalised (``depth=12`` -> ``depth='12'``) and ``--cfg job|all``
+    printing the resolved config."""
     from lnexp import config
 
     out = []
     for a, task in zip(argv, _is_task_override(argv), strict=True):
         out += config.normalise([a]) if task else [a]
-    if any(a in ("--cfg", "-c") for a in out) and "--resolve" not in out:
+    cfg = next((b for a, b in zip(out, [*out[1:], ""], strict=True) if a in ("--cfg", "-c")), None)
+    if cfg in ("job", "all") and "--resolve" not in out:  # hydra alone cannot resolve ${runs_root}
         out.append("--resolve")
     return out
+
+
+def _check_writable(runs_root: Path) -> None:
+    """The runs root exists (made now) and takes new folders, before Hydra makes the run's."""
+    try:
+        runs_root.mkdir(parents=True, exist_ok=True)
+        probe = runs_root / f".lnexp-write-test-{os.getpid()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as e:
+        raise ConfigError(f"runs_root={runs_root}: cannot make folders there ({e.strerror}): pass a "
+                          "folder you can write, e.g. runs_root=runs") from None
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -155,11 +168,16 @@ def main(argv: list[str]) -> int:
     config.register_resolvers()
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
+    if {"-sc", "--shell-completion"} & set(argv):  # Hydra's would complete `lnexp`, not `lnexp train`
+        raise ConfigError("shell completion (-sc) is not available for lnexp train: lnexp train "
+                          "--help lists every group and option")
     failures = None  # --help, --cfg and friends run no job
-    if not any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv):
+    info = any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv)
+    if not info:
         runs_root = check_overrides(argv)
         argv = _hydra_argv(argv)
         if not any(a in ("--cfg", "-c") for a in argv):
+            _check_writable(runs_root)
             failures = runs_root.resolve() / f".lnexp-failures-{os.getpid()}"
             failures.unlink(missing_ok=True)
             os.environ[FAILURES_ENV] = str(failures)  # inherited by launcher workers
@@ -170,8 +188,9 @@ def main(argv: list[str]) -> int:
     # ... in a parallel launcher's worker processes too (they read it when they start)
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning,ignore::FutureWarning,"
                                             "ignore::DeprecationWarning")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    if not info:  # Hydra logs --info itself: a root handler would print each line twice
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                            datefmt="%H:%M:%S")
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: record it as Ctrl-C would
     hydra_main = hydra.main(config_path=str(config.CONFIG_DIR), config_name="train",
                             version_base="1.1")(_job)

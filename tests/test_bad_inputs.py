@@ -1,0 +1,263 @@
+"""Bad inputs as a new user types them, over every command: each ends in one line on stderr that
+names the fix, exit status 2, no traceback, and nothing lost (every file under the test's folder,
+runs included, is byte for byte what it was: no run folder made, no status.json rewritten).
+
+The table below is the list. ``{root}`` is a runs root holding a finished run named ``default``
+(what a plain ``lnexp train`` would resume) and another run ``{run}``; ``{bad}`` holds malformed
+files; ``{trained}`` is a real trained run; ``{nowhere}`` does not exist. ``lnexp train`` cases
+run with ``runs_root={root}`` unless they give their own.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, write_gz
+from tests.test_figures_fig2_fig4 import fake_run
+
+NOT_UTF8 = b"\xff\xfe bad utf8\n"
+
+# (command line, what the one line must say[, bytes on stdin])
+CASES = [
+    # --- lnexp train: keys inside groups, every type -----------------------------------------
+    ("train schedule=step schedule.epochs=abc",
+     "schedule.epochs='abc' is not a list of whole numbers: e.g. schedule.epochs=[8]"),
+    ("train schedule.epochs=[0]", "schedule.epochs=[0]: each value must be a whole number >= 1"),
+    ("train schedule.gamma=0", "schedule.gamma=0 must be a positive number"),
+    ("train optimizer.betas=[0.9]", "optimizer.betas=[0.9] needs 2 values: e.g. optimizer.betas=[0.9,0.98]"),
+    ("train optimizer.betas=[0.9,1.5]", "each value must be a number in [0, 1)"),
+    ("train optimizer.betas=abc", "is not a list of numbers"),
+    ("train optimizer.eps=-1", "optimizer.eps=-1 must be a positive number"),
+    ("train optimizer.eps=abc", "optimizer.eps='abc' is not a number"),
+    ("train optimizer=sgd optimizer.momentum=1", "optimizer.momentum=1 must be a number in [0, 1)"),
+    ("train optimizer.weight_decay=-0.1", "must be a number >= 0"),
+    ("train optimizer.clip_norm=inf", "must be a number >= 0 (0 = no clipping)"),
+    ("train scale.dropout=1.5", "scale.dropout=1.5 must be a number in [0, 1)"),
+    ("train scale.label_smoothing=-0.1", "must be a number in [0, 1)"),
+    ("train scale.max_tokens=0", "scale.max_tokens=0 must be a whole number of tokens >= 1"),
+    ("train scale.max_tokens=abc", "scale.max_tokens='abc' is not a whole number"),
+    ("train scale.update_freq=1.5", "is not a whole number"),
+    ("train depth.encoder_layers=2.5", "is not a whole number"),
+    ("train depth.decoder_layers=1001", "must be a whole number of layers <= 1000"),
+    ("train dataset.vocab_size=0", "dataset.vocab_size=0 must be a whole number >= 1"),
+    ("train dataset.src=[de]", "dataset.src=['de'] is not text"),
+    ("train placement.embed_norm=maybe", "placement.embed_norm='maybe' is not true or false"),
+    ("train divergence.stop=2", "divergence.stop=2 is not true or false"),
+    ("train divergence.plateau_margin=abc", "is not a number"),
+    ("train distributed.backend=mpi", "distributed.backend='mpi' is not one of auto, gloo, nccl"),
+    ("train distributed.port=70000", "must be a whole number <= 65535"),
+    ("train eval=5", "eval holds keys (beam, lenpen, max_sentences, subset), not a value"),
+    ("train eval.lenpen=abc", "eval.lenpen='abc' is not a number"),
+    ("train eval.beam=0", "eval.beam=0 must be a whole number >= 1"),
+    # --- lnexp train: top-level keys ---------------------------------------------------------
+    ("train seed=-1", "seed=-1 must be a whole number >= 0"),
+    ("train threads=-1", "threads=-1 must be a whole number >= 0"),  # and the run `default` keeps its status
+    ("train save_interval_updates=-5", "save_interval_updates=-5 must be a whole number of updates >= 0"),
+    ("train residual_scale=inf", "residual_scale=inf must be a positive number"),
+    ("train lr=nan", "lr=nan must be a positive number"),
+    ("train warmup=2.5", "warmup=2.5 is not a whole number: e.g. warmup=4000"),
+    ("train max_epoch=0", "max_epoch=0 must be a whole number >= 1"),
+    ("train track_norms=yes", "track_norms='yes' is not true or false: e.g. track_norms=false"),
+    ("train norm=batchnorm", "norm='batchnorm' is not one of layernorm, rmsnorm"),
+    # --- lnexp train: keys that do not exist, twice, deleted ---------------------------------
+    ("train +foo=1", "foo is not a key of lnexp's training config"),
+    ("train +optimizer.bets=[0.9,0.98]", "did you mean optimizer.betas?"),
+    ("train eval.beem=3",
+     "Could not override 'eval.beem': not a key of lnexp's training config (did you mean eval.beam?"),
+    ("train ~eval.subset", "~eval.subset deletes a key lnexp reads: set a value instead, e.g. eval.subset=0"),
+    ("train placement=post_ln placement=pre_ln",
+     "placement is given twice (placement=post_ln and placement=pre_ln)"),
+    # --- lnexp train: groups, sweeps, folders, Hydra's flags ---------------------------------
+    ("train depth=1000000", "depth=1000000 is more than 1000 layers a stack"),
+    ("train depth=0", "depth=0 must be a whole number of layers >= 1"),
+    ("train placement=preln", "use one of deepnorm, peri_ln, post_ln, pre_ln"),
+    ("train dataset=nope", "dataset=nope is not an option of the dataset group"),
+    ("train -m seed=1,-1", "seed=-1 must be a whole number >= 0"),
+    ("train -m lr=interval(1e-4,1e-3)", "write e.g. lr=1e-4,5e-4,1e-3"),
+    ("train -m --cfg job seed=1,2", "--cfg prints one run's config"),
+    ("train dataset.dir={nowhere}", "lacks train.de.gz"),
+    ("train runs_root=/proc/forbidden", "runs_root=/proc/forbidden: cannot make folders there"),
+    ("train runs_root={bad}/notes.txt", "cannot make folders there"),
+    ("train -sc install=bash", "shell completion (-sc) is not available for lnexp train"),
+    # --- lnexp results -----------------------------------------------------------------------
+    ("results --runs-root {bad}/empty placment=pre_ln",
+     "unknown filter key 'placment': did you mean placement?"),
+    ("results --runs-root {root} optimizer.bets=1", "did you mean optimizer.betas?"),
+    ("results --runs-root {root} status=finished", "status='finished' is not one of done"),
+    ("results --runs-root {root} placement", "filter 'placement' is not KEY=VALUE"),
+    ("results --runs-root {root} =x", "filter '=x' has no key"),
+    ("results --runs-root {nowhere}", "no runs root"),
+    ("results --runs-root {bad}/notes.txt", "no runs root"),
+    ("results --runs-root {root} --csv /proc/x.csv", "cannot write /proc/x.csv"),
+    ("results --bogus", "unrecognized arguments: --bogus (lnexp results --help)"),
+    # --- lnexp evaluate ----------------------------------------------------------------------
+    ("evaluate {run} --batch-size 0", "argument --batch-size: must be at least 1, not 0"),
+    ("evaluate {run} --beam abc", "argument --beam: not a whole number: 'abc'"),
+    ("evaluate {run} --lenpen inf", "argument --lenpen: must be a finite number"),
+    ("evaluate {run} --split train", "argument --split: invalid choice: 'train'"),
+    ("evaluate {nowhere}", "no such folder"),
+    ("evaluate {bad}/empty", "is not a run folder (no run.json)"),
+    ("evaluate {bad}/empty_run", "run.json is unreadable or incomplete"),
+    ("evaluate {bad}/binary_run", "run.json is unreadable or incomplete"),
+    ("evaluate {trained} --src {bad}/x.de", "--src and --ref go together"),
+    ("evaluate {trained} --src {bad}/latin1.de --ref {bad}/x.en", "not UTF-8 text"),
+    ("evaluate {trained} --src {bad}/empty.de --ref {bad}/empty.en", "is empty"),
+    ("evaluate {trained} --checkpoint newest", "is not best, last or avgN"),
+    ("evaluate {trained} --name ../x --src {bad}/x.de --ref {bad}/x.en", "must be a plain name"),
+    # --- lnexp translate ---------------------------------------------------------------------
+    ("translate {trained}", "stdin line 1 is not UTF-8 text", NOT_UTF8),
+    ("translate {trained} --batch-size -1", "argument --batch-size: must be at least 1"),
+    ("translate {nowhere}", "no such folder"),
+    ("translate {bad}/binary_run", "run.json is unreadable or incomplete"),
+    # --- lnexp plot --------------------------------------------------------------------------
+    ("plot {run} --out /proc/forbidden/x.png", "cannot write /proc/forbidden"),
+    ("plot {nowhere} --out {nowhere}/x", "no such folder"),
+    ("plot {run} --metric valid_blue --out {nowhere}/x", "no run logged 'valid_blue'"),
+    ("plot {run} --metric , --out {nowhere}/x", "--metric is empty"),
+    ("plot {run} --x time --out {nowhere}/x", "argument --x: invalid choice: 'time'"),
+    ("plot {run}", "the following arguments are required: --out"),
+    ("plot --runs-root {root} placment=pre_ln --out {nowhere}/x", "unknown filter key 'placment'"),
+    # --- lnexp figure ------------------------------------------------------------------------
+    ("figure nope", "unknown figure 'nope'"),
+    ("figure fig2 --runs-root {bad}/empty --out {nowhere}", "no finished epochs of experiment=fig2_mini"),
+    ("figure atlas --runs-root {nowhere} --out {nowhere}", "no runs of experiment=atlas_mini"),
+    ("figure fig3 --replot --out {nowhere}", "run `lnexp figure fig3`"),
+    ("figure fig3 --seeds 0", "argument --seeds: must be at least 1, not 0"),
+    ("figure fig3 --depths 6,abc", "--depths '6,abc': not a whole number: 'abc'"),
+    ("figure theory --lemma-layers -1", "argument --lemma-layers: must be at least 1"),
+    ("figure report --readme {bad}/x.en --out {nowhere}", "has no claims block"),
+    # --- lnexp prepare: malformed corpora, archives, folders ---------------------------------
+    ("prepare multi30k --dir {small} --vocab-size 3 --cache {cache}", "pass --vocab-size"),
+    ("prepare multi30k --vocab-size 0", "argument --vocab-size: must be at least 1, not 0"),
+    ("prepare multi30k --dir {nowhere}", "no such folder"),
+    ("prepare multi30k --dir {bad}/empty --cache {cache}", "missing file"),
+    ("prepare multi30k --dir {bad}/m30k_empty --cache {cache}",
+     "is empty: a corpus needs at least one sentence pair"),
+    ("prepare multi30k --dir {bad}/m30k_latin1 --cache {cache}", "not UTF-8 text"),
+    ("prepare multi30k --dir {bad}/m30k_truncated --cache {cache}", "damaged gzip file"),
+    ("prepare multi30k --dir {bad}/m30k_binary --cache {cache}", "damaged gzip file"),
+    ("prepare multi30k --dir {bad}/m30k_uneven --cache {cache}", "must be line-aligned"),
+    ("prepare iwslt14 --archive {bad}/empty.tgz --cache {cache}", "not a readable .tgz archive"),
+    ("prepare iwslt14 --archive {bad}/binary.tgz --cache {cache}", "not a readable .tgz archive"),
+    ("prepare iwslt14 --archive {bad}/truncated.tgz --cache {cache}",
+     "not a readable .tgz archive (Compressed file ended"),
+    ("prepare iwslt14 --archive {bad}/other.tgz --cache {cache}", "missing de-en/train.tags.de-en.de"),
+    ("prepare iwslt14 --archive {nowhere}/de-en.tgz", "no such file or folder"),
+    ("prepare iwslt14", "the following arguments are required: --archive"),
+    ("prepare wmt14 --dir {nowhere}", "no such folder"),
+    ("prepare wmt14 --dir {bad}/empty --cache {cache}", "missing file"),
+    ("prepare wmt14 --dir {bad}/empty --max-train-pairs 0", "argument --max-train-pairs: must be at least 1"),
+    ("prepare nope", "invalid choice: 'nope'"),
+    ("nope", "unknown command 'nope'"),
+]
+
+
+def _case(line: str, needle: str, stdin: bytes | None = None):
+    return pytest.param(line, needle, stdin, id=line)
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, small_multi30k) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    root, bad = tmp / "runs", tmp / "bad"
+    fake_run(root, "default", "fig2_mini")
+    run = fake_run(root, "lr=0.001,warmup=0", "fig2_mini")
+    for d in ("empty", "empty_run", "binary_run", "m30k_empty", "m30k_latin1", "m30k_truncated",
+              "m30k_binary", "m30k_uneven"):
+        (bad / d).mkdir(parents=True)
+    (bad / "empty_run" / "run.json").write_text("")
+    (bad / "binary_run" / "run.json").write_bytes(bytes(range(256)))
+    (bad / "notes.txt").write_text("a file, not a folder\n")
+    (bad / "x.de").write_text("Ein Hund .\n")
+    (bad / "x.en").write_text("A dog .\n")
+    (bad / "latin1.de").write_bytes("Ein Hund läuft .\n".encode("latin-1"))
+    (bad / "empty.de").write_text("")
+    (bad / "empty.en").write_text("")
+    files = [f"{s}.{lang}.gz" for s in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
+    for f in files:
+        write_gz(bad / "m30k_empty" / f, [])
+        for d in ("m30k_latin1", "m30k_truncated", "m30k_binary", "m30k_uneven"):
+            (bad / d / f).write_bytes((small_multi30k / f).read_bytes())
+    with gzip.open(bad / "m30k_latin1" / "train.de.gz", "wb") as fh:
+        fh.write("Ein Hund läuft .\n".encode("latin-1"))
+    whole = (small_multi30k / "train.de.gz").read_bytes()
+    (bad / "m30k_truncated" / "train.de.gz").write_bytes(whole[: len(whole) // 2])
+    (bad / "m30k_binary" / "train.de.gz").write_bytes(b"\x00\x01binary, not gzip" * 10)
+    write_gz(bad / "m30k_uneven" / "train.en.gz", ["A dog ."])
+    (bad / "empty.tgz").write_bytes(b"")
+    (bad / "binary.tgz").write_bytes(bytes(range(256)) * 4)
+    with tarfile.open(bad / "other.tgz", "w:gz") as tf:
+        tf.add(bad / "x.de", arcname="de-en/README")
+    with tarfile.open(bad / "whole.tgz", "w:gz") as tf:
+        for i in range(20):
+            info = tarfile.TarInfo(f"de-en/train.tags.de-en.{i}")
+            data = bytes(range(256)) * 64
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    data = (bad / "whole.tgz").read_bytes()
+    (bad / "truncated.tgz").write_bytes(data[: len(data) // 2])
+    (bad / "whole.tgz").unlink()
+    return {"root": root, "run": run, "bad": bad, "tmp": tmp, "nowhere": tmp / "nowhere",
+            "small": small_multi30k, "cache": tmp_path_factory.mktemp("bad_inputs_cache")}
+
+
+@pytest.mark.parametrize("line,needle,stdin", [_case(*c) for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inputs, request,
+                                                       capfd, monkeypatch):
+    from lnexp.cli import main
+
+    fill = {k: str(v) for k, v in inputs.items()}
+    if "{trained}" in line:
+        fill["trained"] = str(request.getfixturevalue("tiny_run"))
+    argv = [a.format(**fill) for a in shlex.split(line)]
+    if argv[0] == "train" and not any(a.startswith("runs_root=") for a in argv):
+        argv.append(f"runs_root={inputs['root']}")
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8",
+                                                           errors="surrogateescape"))
+    before = _files(inputs["tmp"])
+    capfd.readouterr()
+    rc = main(argv)
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+    # prepare logs its finished stages ("[12:00:01] ...") before the stage that fails
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert rc == 2 and len(lines) == 1, f"exit {rc}\n{out}{err}"
+    assert needle in lines[0], lines[0]
+    assert _files(inputs["tmp"]) == before  # no run folder, no rewritten status.json
+
+
+def test_the_table_covers_every_command():
+    commands = {shlex.split(c[0])[0] for c in CASES}
+    assert {"train", "results", "evaluate", "translate", "plot", "figure", "prepare"} <= commands
+    assert len(CASES) >= 60
+
+
+def test_train_cfg_hydra_prints_hydras_config(capfd):
+    from lnexp.cli import main
+
+    assert main(["train", "--cfg", "hydra"]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("hydra:") and "override_dirname" in out
+
+
+def test_train_info_prints_each_line_once():
+    proc = subprocess.run([sys.executable, "-m", "lnexp", "train", "--info"], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert "Hydra 1.3.2" in lines[0] and len([ln for ln in lines if "Hydra 1.3.2" in ln]) == 1
