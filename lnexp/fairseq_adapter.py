@@ -445,6 +445,28 @@ def allow_fairseq_checkpoint_globals() -> None:
     _ALLOWED = True
 
 
+def checkpoint_state(trainer, extra_state: dict[str, Any]) -> dict | None:
+    """What ``Trainer.save_checkpoint`` writes (fairseq's state dict with ``extra_state``), on the
+    rank that saves; None on the others. lnexp writes it itself (``save_checkpoint_file`` through
+    lnexp.rundir), so that a full disk is one clean error rather than fairseq's three retries and a
+    temporary file left behind."""
+    from fairseq import utils
+
+    if not trainer.should_save_checkpoint_on_current_rank:
+        return None
+    state = utils.move_to_cpu(trainer.state_dict())
+    state["extra_state"].update(extra_state)
+    return state
+
+
+def save_checkpoint_file(state: dict, path: Path) -> None:
+    """Write a checkpoint as fairseq writes it (``torch.save`` of the state)."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(state, f)
+
+
 def load_checkpoint_state(path: Path) -> dict:
     """A fairseq checkpoint as a dict, read with weights_only=True."""
     import torch

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser, UserError, cannot_write
-from lnexp.train.runlog import effective_status, read_metrics
+from lnexp.rundir import CHECKPOINTS, STATUS, effective_status, read_json, read_metrics, run_paths
 
 COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
            "lr", "warmup", "schedule", "depth", "params", "seed", "epochs", "max_epoch", "updates",
            "best_valid_loss", "best_bleu", "test_bleu", "test_checkpoint", "status", "diverged_update",
            "diverged_reason")
 # "interrupted": status.json says running (or interrupted) but its process is gone (Ctrl-C, SIGKILL,
-# OOM, a dead node: runlog.effective_status); re-running the same command resumes it.
+# OOM, a dead node: rundir.effective_status); re-running the same command resumes it.
 STATUSES = ("done", "diverged", "failed", "running", "interrupted", "pending")
 
 
@@ -108,13 +108,6 @@ class Run:
         }
 
 
-def _read_json(path: Path, default: Any) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return default
-
-
 def _read_yaml(path: Path) -> Any:
     if not path.is_file():
         return None
@@ -132,12 +125,13 @@ def _read_yaml(path: Path) -> Any:
 
 def load_run(run_dir: Path, root: Path | None = None) -> Run:
     run_dir = Path(run_dir)
-    meta = _read_json(run_dir / "run.json", {}) or {}
+    paths = run_paths(run_dir)
+    meta = read_json(paths["run"], {}) or {}
     config = meta.get("config") or _read_yaml(run_dir / ".hydra" / "config.yaml") or {}
     overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml") or []
     name = str(run_dir.relative_to(root)) if root is not None else run_dir.name
-    return Run(run_dir, name, config, _read_json(run_dir / "status.json", {}) or {},
-               read_metrics(run_dir / "metrics.jsonl"), [str(o) for o in overrides],
+    return Run(run_dir, name, config, read_json(paths["status"], {}) or {},
+               read_metrics(paths["metrics"]), [str(o) for o in overrides],
                meta.get("params"), latest_evaluation(run_dir, "test"))
 
 
@@ -146,10 +140,10 @@ def find_run_dirs(root: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = set()
-    for marker in ("status.json", ".hydra/config.yaml"):
+    for marker in (STATUS, ".hydra/config.yaml"):
         for p in root.glob(f"**/{marker}"):
             d = p.parent.parent if marker.startswith(".hydra") else p.parent
-            if "checkpoints" not in d.parts:
+            if CHECKPOINTS not in d.parts:
                 found.add(d)
     return sorted(found)
 

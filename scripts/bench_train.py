@@ -273,8 +273,8 @@ def _lnexp_argv(runs, placement: str) -> list[str]:
 def loop_bookkeeping_s(n: int = 300) -> float:
     """Seconds per update of lnexp's per-update logging (RunLog.update: the row + 4 TensorBoard
     scalars), which the interleaved mode does not run."""
+    from lnexp.rundir import run_paths
     from lnexp.train.runlog import RunLog
-    from lnexp.train.settings import run_paths
 
     with tempfile.TemporaryDirectory() as d:
         log = RunLog(run_paths(Path(d)), 0)

@@ -55,9 +55,9 @@ def write_lines(path: Path, lines: list[str]) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    from lnexp.rundir import write_text
+
+    write_text(path, text)
 
 
 def progress(items: list, label: str, every: int = 50_000) -> Iterator:

@@ -14,7 +14,7 @@ from pathlib import Path
 from lnexp import fairseq_adapter as fa
 from lnexp.errors import UserError
 from lnexp.results import EVAL_DIR
-from lnexp.train.epoch_checkpoints import epoch_checkpoints
+from lnexp.rundir import CHECKPOINTS, checkpoint_name, epoch_checkpoints, write_with
 
 AVG = re.compile(r"avg(\d+)")
 
@@ -28,12 +28,12 @@ class Checkpoint:
 
 def resolve(run_dir: Path, spec: str) -> Checkpoint:
     """``spec`` -> the checkpoint files, or one line naming the fix."""
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = run_dir / CHECKPOINTS
     if spec in ("best", "last"):
-        path = ckpt_dir / f"checkpoint_{spec}.pt"
+        path = ckpt_dir / checkpoint_name(spec)
         if not path.is_file():
             other = "last" if spec == "best" else "best"
-            hint = (f"; try --checkpoint {other}" if (ckpt_dir / f"checkpoint_{other}.pt").is_file()
+            hint = (f"; try --checkpoint {other}" if (ckpt_dir / checkpoint_name(other)).is_file()
                     else ": train the run first (lnexp train ...)")
             raise UserError(f"{run_dir} has no {path.name}{hint}")
         return Checkpoint(spec, path)
@@ -47,7 +47,7 @@ def resolve(run_dir: Path, spec: str) -> Checkpoint:
         raise UserError(f"--checkpoint avg{n} needs {n} epoch checkpoints but {ckpt_dir} has "
                         f"{len(found)}: use {instead}, or train with checkpoint.keep_last_epochs={n}")
     newest = [p for _, p in reversed(found)][:n]
-    return Checkpoint(spec, run_dir / EVAL_DIR / f"checkpoint_{spec}.pt", newest)
+    return Checkpoint(spec, run_dir / EVAL_DIR / checkpoint_name(spec), newest)
 
 
 def load(ckpt: Checkpoint, data_dir: str | Path, device: str, dataset_impl: str | None = None):
@@ -67,6 +67,4 @@ def _save(state: dict, path: Path) -> None:
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    write_with(path, lambda tmp: torch.save(state, tmp))

@@ -76,8 +76,9 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
 
     from lnexp.evaluation import checkpoints
     from lnexp.evaluation.inputs import prepare_test_set
+    from lnexp.rundir import write_json
+    from lnexp.rundir import write_text as write_atomic
     from lnexp.train.evaluate import BleuScorer, generate
-    from lnexp.train.runlog import write_atomic, write_json
 
     beam, lenpen, batch, device = decoding(run, args)
     ckpt = checkpoints.resolve(run.dir, args.checkpoint)

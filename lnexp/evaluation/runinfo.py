@@ -10,6 +10,7 @@ from typing import Any
 from lnexp.data.cache import cache_root
 from lnexp.data.corpus import PreparedData
 from lnexp.errors import DataError, UserError
+from lnexp.rundir import RUN, run_paths
 
 
 @dataclass
@@ -36,12 +37,12 @@ def run_folders(paths: list[Path]) -> list[Path]:
     for path in map(Path, paths):
         if not path.is_dir():
             raise UserError(f"no such folder: {path} (pass a run folder that lnexp train wrote)")
-        if (path / "run.json").is_file():
+        if run_paths(path)["run"].is_file():
             out.append(path)
             continue
-        found = [d for d in find_run_dirs(path) if (d / "run.json").is_file()]
+        found = [d for d in find_run_dirs(path) if run_paths(d)["run"].is_file()]
         if not found:
-            raise UserError(f"{path} is not a run folder (no run.json): pass a folder that lnexp "
+            raise UserError(f"{path} is not a run folder (no {RUN}): pass a folder that lnexp "
                             "train wrote, or a sweep folder holding such folders")
         out += found
     return out
@@ -49,10 +50,10 @@ def run_folders(paths: list[Path]) -> list[Path]:
 
 def open_run(run_dir: Path) -> RunInfo:
     try:
-        meta = json.loads((run_dir / "run.json").read_text())
+        meta = json.loads(run_paths(run_dir)["run"].read_text())
         config, data = meta["config"], dict(meta["data"])
     except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{run_dir}/run.json is unreadable or incomplete: pass a folder that lnexp "
+        raise UserError(f"{run_paths(run_dir)['run']} is unreadable or incomplete: pass a folder that lnexp "
                         "train wrote") from None
     return RunInfo(run_dir, config, _prepared(data))
 

@@ -32,6 +32,7 @@ from typing import Any
 
 from lnexp.errors import UserError, at_least
 from lnexp.figures import measured
+from lnexp.rundir import run_paths
 
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "seed", "side", "layer",
@@ -187,7 +188,7 @@ def _after_warmup(args, cfg, data, batches, device, rows, timing) -> dict[str, A
     status = train_run(wcfg, run_dir)
     timing["warmup_train_s"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
-    ckpt = run_dir / "checkpoints" / "checkpoint_last.pt"
+    ckpt = run_paths(run_dir)["last"]
     arch = wcfg.scale.arch
     fcfg = probes.fairseq_config(wcfg, data, arch=arch)
     task = fa.setup_task(fcfg, ())

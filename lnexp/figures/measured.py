@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.rundir import atomic_file, write_json
 
 
 def parser(name: str, description: str, runs_root_help: str) -> ArgumentParser:
@@ -88,12 +88,10 @@ def _fmt(v: Any) -> Any:
 
 
 def write_csv(path: Path, fields, rows) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_file(path) as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
-    tmp.replace(path)
 
 
 def write_tables(out: Path, name: str, fields, rows, summary_fields, summary, checks: dict,
@@ -104,7 +102,5 @@ def write_tables(out: Path, name: str, fields, rows, summary_fields, summary, ch
     write_csv(out / f"{name}_summary.csv", summary_fields, summary)
     passed = [c["pass"] for c in checks.values() if c["pass"] is not None]
     doc = {"figure": name, "all_pass": all(passed), "checks": checks, "meta": meta}
-    tmp = out / f".{name}_checks.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    tmp.replace(out / f"{name}_checks.json")
+    write_json(out / f"{name}_checks.json", doc)
     return [out / f"{name}.csv", out / f"{name}_summary.csv", out / f"{name}_checks.json"]

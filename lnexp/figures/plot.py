@@ -21,6 +21,7 @@ from typing import Any
 
 from lnexp.errors import ArgumentParser, UserError
 from lnexp.results import Run, collect_runs, dotted_keys, parse_filters
+from lnexp.rundir import is_run_dir
 
 X_KEYS = {"epoch": ("epoch", "epoch"), "updates": ("updates", "updates"),
           "wall": ("wall_s", "wall-clock (s)")}
@@ -57,7 +58,7 @@ def select(paths: list[Path], root: Path, filters: dict[str, str]) -> list[Run]:
     for p in paths:
         if not p.is_dir():
             raise UserError(f"no such folder: {p} (pass run folders or a sweep folder)")
-        if (p / "status.json").is_file() or (p / ".hydra" / "config.yaml").is_file():
+        if is_run_dir(p):
             found = [r for r in collect_runs(p.parent, **filters) if r.dir == p]
         else:
             found = collect_runs(p, **filters)
@@ -69,10 +70,9 @@ def _series(run: Run, metric: str, xkey: str) -> tuple[list[float], list[float]]
     """(x, y) of one metric: per epoch from metrics.jsonl, else per update from updates.csv."""
     if any(metric in r for r in run.metrics):
         return run.series(xkey), run.series(metric)
-    import csv
+    from lnexp.rundir import read_updates, run_paths
 
-    path = run.dir / "updates.csv"
-    rows = list(csv.DictReader(open(path, newline=""))) if path.is_file() else []
+    rows = read_updates(run_paths(run.dir)["updates"])
     return ([float(r["update"]) for r in rows],
             [float(r[metric]) if r.get(metric) not in (None, "") else math.nan for r in rows])
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from lnexp.errors import ArgumentParser
 from lnexp.names import describe_arch
+from lnexp.rundir import read_json, run_paths, write_text
 
 SECTIONS = [
     ("fig3", "Gradient norms at initialisation (Fig. 3)"),
@@ -55,10 +56,7 @@ How the paper's settings map to the mini scale (configs/experiment/*_mini.yaml):
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(path)
 
 
 def _first(d: dict, *keys: str, default: Any = None) -> Any:
@@ -154,7 +152,7 @@ def data_line(runs_root: Path, scale: str) -> str:
     from lnexp.results import collect_runs
 
     for r in collect_runs(runs_root):
-        data = (_read_json(r.dir / "run.json") or {}).get("data") or {}
+        data = (_read_json(run_paths(r.dir)["run"]) or {}).get("data") or {}
         if data and r.experiment.endswith(scale):
             counts = data.get("counts") or {}
             sizes = ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -262,9 +260,7 @@ def claims_block(path: Path) -> tuple[str, int, int]:
 def update_readme(path: Path, table: str) -> None:
     """Replace the claims block of ``path`` (between the markers) with ``table``, atomically."""
     text, start, end = claims_block(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text[:start] + table + text[end + len(README_END):])
-    tmp.replace(path)
+    write_text(path, text[:start] + table + text[end + len(README_END):])
 
 
 def main(argv: list[str]) -> int:
@@ -281,9 +277,7 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     text = build(args.figures, args.out, args.scale, args.runs_root)
     path = args.out / "README.md"
-    tmp = path.with_name(".README.md.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text(path, text)
     print(f"wrote {path}")
     if args.readme is not None:
         update_readme(args.readme, claims_table(args.figures, args.scale))

@@ -7,7 +7,6 @@ bits/token, as the runs log them; nat values are converted explicitly (1 nat = 1
 from __future__ import annotations
 
 import csv
-import json
 import math
 import platform
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from lnexp.errors import ArgumentParser
 from lnexp.results import Run, collect_runs
+from lnexp.rundir import write_json
 
 BITS_PER_NAT = 1.0 / math.log(2.0)  # 1.4427 bits
 CURVE_FIELDS = ("experiment", "run", "placement", "optimizer", "lr", "warmup", "schedule", "seed",
@@ -116,9 +116,7 @@ def write_checks(out: Path, name: str, scale: str, checks: list[dict[str, Any]],
            "all_required_pass": bool(required) and all(c["pass"] is True for c in required),
            "checks": checks, **extra, "host": platform.node()}
     path = out / f"{name}_checks.json"
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    tmp.replace(path)
+    write_json(path, doc)
     return path
 
 

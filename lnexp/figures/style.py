@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lnexp.errors import cannot_write
+from lnexp.rundir import write_with
 
 COLORS = {"post_ln": "#d62728", "pre_ln": "#1f77b4", "peri_ln": "#2ca02c", "deepnorm": "#9467bd"}
 LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepnorm": "DeepNorm"}
@@ -48,9 +49,7 @@ def save(fig, out_dir: Path, name: str, note: str | None = None) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         for ext in ("png", "pdf"):
             final = out_dir / f"{name}.{ext}"
-            tmp = out_dir / f".{name}.tmp.{ext}"
-            fig.savefig(tmp, bbox_inches="tight")
-            tmp.replace(final)
+            write_with(final, lambda tmp: fig.savefig(tmp, bbox_inches="tight"), suffix=f".{ext}")
             paths.append(final)
     except OSError as e:
         raise cannot_write(e, "pass --out a folder you can write") from None

@@ -212,16 +212,16 @@ def _label(placement: str, dt: float) -> str:
 
 def _finished_runs(root: Path, cfg) -> dict[tuple[str, float], list[tuple[int, Path]]]:
     """Finished (not diverged) runs under ``root`` with the same model size, depth, norm and data."""
-    from lnexp.train.runlog import read_json
+    from lnexp.rundir import RUN, read_json, run_paths
 
     found: dict[tuple[str, float], list[tuple[int, Path]]] = defaultdict(list)
     if not root.is_dir():
         return found
-    for run_json in root.glob("**/run.json"):
+    for run_json in root.glob(f"**/{RUN}"):
         run = read_json(run_json, {}) or {}
-        status = read_json(run_json.parent / "status.json", {}) or {}
+        status = read_json(run_paths(run_json.parent)["status"], {}) or {}
         c = run.get("config") or {}
-        ckpt = run_json.parent / "checkpoints" / "checkpoint_last.pt"
+        ckpt = run_paths(run_json.parent)["last"]
         try:
             same = (c["scale"]["arch"] == cfg.scale.arch and c["norm"] == cfg.norm
                     and c["depth"] == dict(cfg.depth) and c["dataset"] == dict(cfg.dataset)
@@ -263,7 +263,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
     from lnexp import fairseq_adapter as fa
     from lnexp import probes
     from lnexp.data.registry import load_for_training
-    from lnexp.train.runlog import read_json
+    from lnexp.rundir import read_json, run_paths
 
     cfg = probes.compose_config(["placement=pre_ln", f"scale={args.scale}", *args.override])
     data = load_for_training(cfg.dataset)
@@ -299,7 +299,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
         run = runs.get((placement, dt))
         weights = trained.get((placement, dt))
         if run is not None:
-            weights = fa.load_checkpoint_state(run / "checkpoints" / "checkpoint_last.pt")["model"]
+            weights = fa.load_checkpoint_state(run_paths(run)["last"])["model"]
         if weights is not None:
             model.load_state_dict(weights)
             rows += _stat_rows(_stream(_forward_stats(model, sample, ("input", "output"))),
@@ -307,7 +307,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
         del model
     meta["kan"] = {"arch": cfg.scale.arch, "after_training": source,
                    "runs": {_label(*k): {"dir": str(v), "updates": (read_json(
-                       v / "status.json", {}) or {}).get("updates")} for k, v in runs.items()},
+                       run_paths(v)["status"], {}) or {}).get("updates")} for k, v in runs.items()},
                    "batch": f"valid, {int(sample['nsentences'])} sentences",
                    "stats": "per layer output (residual stream), non-padding tokens, eval mode"}
     return rows

@@ -27,8 +27,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lnexp import fairseq_adapter as fa
+from lnexp.rundir import read_json, run_paths
 from lnexp.train import settings
-from lnexp.train.runlog import read_json
 
 log = logging.getLogger("lnexp.train")
 Body = Callable[[DictConfig, Path, Any], dict[str, Any]]
@@ -39,7 +39,7 @@ def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
 
     # as fairseq-train: the checkpoint folder exists before the first update (fairseq writes
     # crash.pt there when it gives up)
-    settings.run_paths(run_dir)["checkpoints"].mkdir(parents=True, exist_ok=True)
+    run_paths(run_dir)["checkpoints"].mkdir(parents=True, exist_ok=True)
     if _one_process(cfg):  # nothing to set up: the body prepares the data and builds fairseq's config
         return body(cfg, run_dir, None)
     data = load_for_training(cfg.dataset)  # once, before the workers (they find it prepared)
@@ -59,7 +59,7 @@ def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
                  result=result if mode == "member" else None)
     if result:
         return result
-    return read_json(settings.run_paths(run_dir)["status"], {}) or {"status": "failed"}
+    return read_json(run_paths(run_dir)["status"], {}) or {"status": "failed"}
 
 
 def _one_process(cfg: DictConfig) -> bool:

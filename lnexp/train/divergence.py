@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from lnexp.rundir import write_text
+
 
 def unigram_entropy_bits(target_dataset, cache_file: Path | None = None) -> float:
     """Entropy (bits/token) of the training targets' unigram distribution, end-of-sentence included.
@@ -36,9 +38,7 @@ def unigram_entropy_bits(target_dataset, cache_file: Path | None = None) -> floa
     h = float(-(p * p.log2()).sum())
     if cache_file is not None:
         try:
-            tmp = cache_file.with_name(cache_file.name + ".tmp")
-            tmp.write_text(json.dumps({"unigram_entropy_bits": h}))
-            tmp.replace(cache_file)
+            write_text(cache_file, json.dumps({"unigram_entropy_bits": h}))
         except OSError:
             pass  # a read-only cache only costs recomputing it
     return h

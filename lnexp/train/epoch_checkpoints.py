@@ -9,33 +9,17 @@ once the next epoch's ``checkpoint_last.pt`` replaces the link's twin.
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 from pathlib import Path
 
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
+from lnexp.rundir import CHECKPOINT_LAST, checkpoint_name, epoch_checkpoints, link_or_copy
 
-
-def epoch_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """(epoch, path) of every epoch checkpoint in ``ckpt_dir``, oldest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir()
-             if (m := EPOCH_CHECKPOINT.fullmatch(p.name))]
-    return sorted(found)
+__all__ = ["epoch_checkpoints", "keep_epoch"]
 
 
 def keep_epoch(ckpt_dir: Path, epoch: int, keep: int) -> None:
     """Keep ``checkpoint_last.pt`` as ``checkpoint{epoch}.pt``; delete all but the last ``keep``."""
     if keep <= 0:
         return
-    last, tmp = ckpt_dir / "checkpoint_last.pt", ckpt_dir / f".checkpoint{epoch}.pt.tmp"
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(last, tmp)
-    except OSError:  # a file system without hard links
-        shutil.copyfile(last, tmp)
-    tmp.replace(ckpt_dir / f"checkpoint{epoch}.pt")
+    link_or_copy(ckpt_dir / CHECKPOINT_LAST, ckpt_dir / checkpoint_name(epoch))
     for _, old in epoch_checkpoints(ckpt_dir)[:-keep]:
         old.unlink(missing_ok=True)

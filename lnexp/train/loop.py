@@ -4,8 +4,10 @@ plus per-epoch validation loss and BLEU, per-update logs, divergence and resumab
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import shlex
 import time
 from pathlib import Path
@@ -14,11 +16,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lnexp import fairseq_adapter as fa
-from lnexp.train import progress, settings
+from lnexp import rundir
+from lnexp.rundir import read_json, run_paths, write_json
+from lnexp.train import progress, runlock, settings
 from lnexp.train.divergence import PlateauRule, non_finite, unigram_entropy_bits
 from lnexp.train.epoch_checkpoints import keep_epoch
 from lnexp.train.evaluate import BleuScorer, validation_loss
-from lnexp.train.runlog import RunLog, read_json, write_json
+from lnexp.train.runlog import RunLog
+from lnexp.train.sharing import Sharing
 
 log = logging.getLogger("lnexp.train")
 FINAL = ("done", "diverged")
@@ -31,7 +36,7 @@ UNITS = {"loss": "bits/token (label-smoothed cross-entropy, base 2, as fairseq l
 def finished(run_dir: Path, max_epoch: int, max_update: int = 0) -> dict | None:
     """The run's final status if it already went as far as asked; None if there is more to do
     (a longer max_epoch or max_update extends a finished run in place)."""
-    status = read_json(settings.run_paths(run_dir)["status"], {})
+    status = read_json(run_paths(run_dir)["status"], {})
     if status.get("status") == "diverged" and status.get("stopped"):
         return status
     if status.get("status") in FINAL and (
@@ -50,20 +55,29 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         log.info("%s: already %s at epoch %s, skipping", run_dir, done["status"], done.get("epoch"))
         return done
     run_dir.mkdir(parents=True, exist_ok=True)
-    return distributed.launch(cfg, run_dir, train_process)
+    rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 holds the run's lock
+    with runlock.hold(run_dir) if rank0 else contextlib.nullcontext():
+        return distributed.launch(cfg, run_dir, train_process)
 
 
 def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
     """The training of one process: the whole run, or one rank of a data-parallel run (``dist``:
     fairseq's distributed settings of the rank, see lnexp.train.distributed). Rank 0 alone writes
     the run folder and computes BLEU."""
+    paths = run_paths(run_dir)
+    sharing = Sharing(int(cfg.threads), run_dir)
+    try:
+        return _train(cfg, run_dir, dist, paths, sharing)
+    finally:
+        sharing.close()
+
+
+def _train(cfg: DictConfig, run_dir: Path, dist, paths: dict[str, Path],
+           sharing: Sharing) -> dict[str, Any]:
     import torch
 
     from lnexp.data.registry import load_for_training
 
-    paths = settings.run_paths(run_dir)
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
     data = load_for_training(cfg.dataset)
     device = settings.resolve_device(cfg)
     per_epoch = _updates_per_epoch(cfg, data, device) if cfg.schedule.name == "linear" else None
@@ -77,8 +91,7 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
         fa.adopt_distributed(fcfg, dist)
     master = fa.is_master(fcfg)
     task, model, criterion, trainer = fa.build_trainer(fcfg)
-    last = paths["checkpoints"] / "checkpoint_last.pt"
-    extra, epoch_itr = fa.epoch_iterator(fcfg, trainer, last)
+    extra, epoch_itr = fa.epoch_iterator(fcfg, trainer, _resume_from(paths))
     state = (extra or {}).get("lnexp") or {"history": [], "wall_s": 0.0, "acc": _zero_acc(),
                                           "diverged": None}
     state.setdefault("overflows", 0)  # fp16 updates skipped by fairseq's loss scaler
@@ -128,11 +141,11 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
     def save(end_of_epoch: bool) -> None:
         state["wall_s"] = time.perf_counter() - t0
         state["saved_update"] = trainer.get_num_updates()
+        _save_checkpoint(trainer, epoch_itr, state, paths)  # first: the logs never run ahead of it
         if end_of_epoch and master:
             runlog.epoch(history)
         elif master:
             runlog.flush_updates()
-        _save_checkpoint(trainer, epoch_itr, state, last, master)
 
     try:
         while epoch_itr.next_epoch_idx <= int(cfg.max_epoch):
@@ -148,6 +161,7 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
             acc = state["acc"]
             for samples in itr:
                 lr = trainer.get_lr()
+                sharing.refresh()
                 step = fa.train_step(trainer, samples)
                 n = trainer.get_num_updates()
                 if step is not None and step.get("overflow"):  # fp16: scale lowered, no update
@@ -213,7 +227,7 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
                                          "resumes_from": _checkpoint_update(state, history)})
         raise
     finally:
-        runlog.close()
+        runlog.close()  # (a DiskError raised above goes on to lnexp train: one line, status kept)
         if bar is not None:
             bar.close()
     div = state["diverged"]
@@ -246,15 +260,13 @@ def schedule_in_force(cfg: DictConfig) -> str:
 def _log_start(cfg: DictConfig, run_dir: Path, n: int, epoch_itr, history: list[dict[str, Any]],
                before: dict[str, Any]) -> None:
     """Say whether the run starts, resumes (from which update and epoch) or is extended."""
-    from lnexp.train.runlog import effective_status
-
-    before = effective_status(before) if before else {}
+    before = rundir.effective_status(before) if before else {}
     if n == 0:
         log.info("%s: starting", run_dir)
     elif before.get("status") in FINAL:
-        log.info("%s: extending the %s run (%d epochs, %d updates) to max_epoch=%s%s; metrics.jsonl "
+        log.info("%s: extending the %s run (%d epochs, %d updates) to max_epoch=%s%s; %s "
                  "is appended to", run_dir, before["status"], len(history), n, cfg.max_epoch,
-                 f", max_update={cfg.max_update}" if cfg.max_update else "")
+                 f", max_update={cfg.max_update}" if cfg.max_update else "", rundir.METRICS)
     else:
         into = epoch_itr.iterations_in_epoch  # (the epoch's iterator is made later)
         where = (f"epoch {epoch_itr.epoch}, {into} batches into it" if into
@@ -279,13 +291,11 @@ class _Heartbeat:
         self.longest = 0.0
 
     def __call__(self, status: dict[str, Any]) -> None:
-        from lnexp.train.runlog import stamp
-
         now = time.time()
         if self.last is not None:
             self.longest = max(self.longest, now - self.last)
         self.last = now
-        write_json(self.path, stamp(status, max(600.0, 5 * self.longest)))
+        write_json(self.path, rundir.stamp(status, max(600.0, 5 * self.longest)))
 
 
 def _checkpoint_update(state: dict[str, Any], history: list[dict[str, Any]]) -> int:
@@ -322,19 +332,38 @@ def _log_epoch(r: dict[str, Any]) -> None:
 
 
 def _write_refs(path: Path, refs: list[str]) -> None:
-    from lnexp.train.runlog import write_atomic
-
-    write_atomic(path, "".join(r + "\n" for r in refs))
+    rundir.write_text(path, "".join(r + "\n" for r in refs))
 
 
-def _save_checkpoint(trainer, epoch_itr, state: dict, path: Path, master: bool = True) -> None:
-    """fairseq's checkpoint (every rank takes part; fairseq writes it on rank 0 only)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+def _save_checkpoint(trainer, epoch_itr, state: dict, paths: dict[str, Path]) -> None:
+    """fairseq's checkpoint (every rank takes part; rank 0 writes it), replacing checkpoint_last.pt
+    atomically; the one it replaces is kept as checkpoint_previous.pt."""
+    paths["last"].parent.mkdir(parents=True, exist_ok=True)
     trainer.consolidate_optimizer()
-    trainer.save_checkpoint(str(tmp), {"train_iterator": epoch_itr.state_dict(), "lnexp": state})
-    if master:
-        tmp.replace(path)
+    ckpt = fa.checkpoint_state(trainer, {"train_iterator": epoch_itr.state_dict(), "lnexp": state})
+    if ckpt is not None:
+        rundir.write_keeping_previous(paths["last"], paths["previous"],
+                                      lambda tmp: fa.save_checkpoint_file(ckpt, tmp))
+
+
+def _resume_from(paths: dict[str, Path]) -> Path | None:
+    """checkpoint_last.pt, or checkpoint_previous.pt if the last one is damaged (it is then
+    replaced by the previous one); None for a fresh start."""
+    from lnexp.errors import UserError
+
+    last, previous = paths["last"], paths["previous"]
+    if not last.is_file():
+        return None
+    damage = rundir.checkpoint_damage(last)
+    if damage is None:
+        return last
+    if previous.is_file() and rundir.checkpoint_damage(previous) is None:
+        log.warning("%s is damaged (%s): resuming from %s, the checkpoint before it", last, damage,
+                    previous.name)
+        rundir.link_or_copy(previous, last)
+        return last
+    raise UserError(f"{last} is damaged ({damage}) and there is no good {previous.name}: delete "
+                    f"{last.parent} to train the run from the start")
 
 
 def _keep_best(ckpt_dir: Path, history: list[dict[str, Any]]) -> None:
@@ -342,9 +371,8 @@ def _keep_best(ckpt_dir: Path, history: list[dict[str, Any]]) -> None:
 
     losses = [r["valid_loss"] for r in history]
     if losses and losses[-1] == min(losses) and math.isfinite(losses[-1]):
-        tmp = ckpt_dir / ".checkpoint_best.pt.tmp"
-        shutil.copyfile(ckpt_dir / "checkpoint_last.pt", tmp)
-        tmp.replace(ckpt_dir / "checkpoint_best.pt")
+        last = ckpt_dir / rundir.CHECKPOINT_LAST
+        rundir.write_with(ckpt_dir / rundir.CHECKPOINT_BEST, lambda tmp: shutil.copyfile(last, tmp))
 
 
 def _updates_per_epoch(cfg: DictConfig, data, device: str) -> int:

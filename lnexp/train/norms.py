@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from lnexp.rundir import atomic_file
 
 GradOf = Callable[[nn.Parameter], Tensor | None]
 
@@ -245,14 +246,10 @@ class NormTracker:
         self.last = int(start_update)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in _read_rows(self.path) if int(r["update"]) <= self.last]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
+        with atomic_file(self.path) as f:
             w = csv.DictWriter(f, fieldnames=TRACK_FIELDS)
             w.writeheader()
             w.writerows(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.path)
         self.stats = HiddenStats(model, points=("output",), only_training=True,
                                  enabled=self.due(self.last + 1))
 

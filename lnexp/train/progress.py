@@ -161,14 +161,14 @@ def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int, para
     ``sweep_dir`` x the epochs of this job and the ones after it, divided by the jobs run at once.
     Runs that finished since this sweep started (multirun.yaml's time) count alone once there are
     any: other runs in the folder (a 2-epoch demo beside 120-update atlas runs) differ per epoch."""
-    from lnexp.train.runlog import read_json
+    from lnexp.rundir import STATUS, read_json
 
     try:
         started = (Path(sweep_dir) / "multirun.yaml").stat().st_mtime
     except OSError:
         started = math.inf
     ours, others = [], []
-    for status in Path(sweep_dir).glob("*/status.json"):
+    for status in Path(sweep_dir).glob(f"*/{STATUS}"):
         s = read_json(status, {}) or {}
         if s.get("status") in ("done", "diverged") and s.get("wall_s") and s.get("epoch"):
             mine = status.stat().st_mtime >= started

@@ -74,7 +74,9 @@ def _cover(choices: list[list[str]]):
 def _job(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from lnexp import rundir
     from lnexp.train.loop import train_run
+    from lnexp.train.runlock import RunLocked
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -82,22 +84,22 @@ def _job(cfg: DictConfig) -> None:
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this job
             print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
             _print_summary(run_dir)
+    except RunLocked as e:  # another process trains it: its files are not ours to touch
+        _record_failure("user", str(e))
+        print(f"lnexp train: error: {e}", file=sys.stderr)
     except UserError as e:
-        from lnexp.train.runlog import read_json, write_json
-        from lnexp.train.settings import run_paths
-
-        status_path = run_paths(run_dir)["status"]  # keep the epochs/updates already recorded
-        write_json(status_path, {**(read_json(status_path, {}) or {}), "status": "failed", "error": str(e)})
+        rundir.record_failure(run_dir, str(e))  # keeps the epochs/updates already recorded
         _record_failure("user", str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
-        from lnexp.train.runlog import write_json
-        from lnexp.train.settings import run_paths
-
-        (run_dir / "error.log").write_text(traceback.format_exc())
-        write_json(run_paths(run_dir)["status"], {"status": "failed", "error": _first_line(e)})
+        error_log = rundir.run_paths(run_dir)["error_log"]
+        try:
+            error_log.write_text(traceback.format_exc())
+        except OSError:
+            pass
+        rundir.record_failure(run_dir, _first_line(e))
         _record_failure("crash", _first_line(e))
-        print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {run_dir}/error.log)",
+        print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {error_log})",
               file=sys.stderr)
 
 
@@ -118,16 +120,16 @@ def _failure_kinds(path: Path | None) -> set[str]:
 
 
 def _print_summary(run_dir: Path) -> None:
-    from lnexp.train.runlog import read_metrics
+    from lnexp.rundir import METRICS, read_metrics, run_paths
 
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run_paths(run_dir)["metrics"])
     if not rows:
         return
     print(f"{'epoch':>5} {'updates':>7} {'lr':>9} {'train':>7} {'valid':>7} {'BLEU':>6} {'wall_s':>7}")
     for r in rows:
         print(f"{r['epoch']:>5} {r['updates']:>7} {r['lr']:>9.3g} {r['train_loss']:>7.3f} "
               f"{r['valid_loss']:>7.3f} {r['valid_bleu']:>6.2f} {r['wall_s']:>7.0f}")
-    print("(losses in bits/token, BLEU: sacreBLEU; metrics.jsonl has every field)")
+    print(f"(losses in bits/token, BLEU: sacreBLEU; {METRICS} has every field)")
 
 
 def _hydra_argv(argv: list[str]) -> list[str]:
@@ -164,8 +166,10 @@ def main(argv: list[str]) -> int:
     import hydra
 
     from lnexp import config
+    from lnexp.train.sharing import passive_wait_if_shared
 
     config.register_resolvers()
+    passive = passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
     if {"-sc", "--shell-completion"} & set(argv):  # Hydra's would complete `lnexp`, not `lnexp train`
@@ -191,6 +195,8 @@ def main(argv: list[str]) -> int:
     if not info:  # Hydra logs --info itself: a root handler would print each line twice
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                             datefmt="%H:%M:%S")
+    if passive:
+        log.info("OMP_WAIT_POLICY=PASSIVE: this launch shares the host (%s)", passive)
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: record it as Ctrl-C would
     hydra_main = hydra.main(config_path=str(config.CONFIG_DIR), config_name="train",
                             version_base="1.1")(_job)

@@ -7,7 +7,6 @@ The mapping is explicit so that every run can print the equivalent stock ``fairs
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -148,16 +147,3 @@ def stock_flags(flags: dict[str, Any]) -> dict[str, Any] | None:
     stock.update(lr_scheduler="inverse_sqrt", encoder_normalize_before=before,
                  decoder_normalize_before=before)
     return stock
-
-
-def run_paths(run_dir: Path) -> dict[str, Path]:
-    return {
-        "metrics": run_dir / "metrics.jsonl",
-        "updates": run_dir / "updates.csv",
-        "status": run_dir / "status.json",
-        "run": run_dir / "run.json",
-        "checkpoints": run_dir / "checkpoints",
-        "hyps": run_dir / "hyps",
-        "tb": run_dir / "tb",
-        "norms": run_dir / "norms.csv",
-    }
