@@ -27,22 +27,9 @@ LENGTH_KEYS = ("max_epoch", "max_update")
 
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_name"):
+        from lnexp.run_names import run_name  # the run folder's name (lnexp/run_names.py)
+
         OmegaConf.register_new_resolver("run_name", run_name)
-
-
-def run_name(overrides: str, schedule: str = "", max_epoch: int = 0, max_update: int = 0) -> str:
-    """The run folder's name: the overrides that change what is trained.
-
-    A ``linear`` schedule decays over the whole run, so there the run's length is part of what is
-    trained and names the run too.
-    """
-    items = [s.replace("'", "").replace('"', "") for s in overrides.split(",") if s]
-    if schedule == "linear":
-        items = [s for s in items if s.split("=", 1)[0] not in LENGTH_KEYS]
-        items.append(f"max_epoch={max_epoch}")
-        if max_update:
-            items.append(f"max_update={max_update}")
-    return ",".join(sorted(items)).replace("/", "_") or "default"
 
 
 # --- overrides ----------------------------------------------------------------------------------
@@ -155,7 +142,8 @@ def restore_fairseq_schemas() -> None:
 
 @contextmanager
 def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
-    """A function that composes configs/train.yaml with overrides (resolved, not yet validated)."""
+    """A function that composes configs/train.yaml with overrides (resolved, not yet validated;
+    ``raw=True``: unresolved, with Hydra's node)."""
     import sys
 
     from hydra import compose as hydra_compose
@@ -168,9 +156,12 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
     if "fairseq" in sys.modules:  # its Hydra schemas ("optimizer/adam") would shadow lnexp's groups
         hide_fairseq_schemas()
 
-    def compose_one(overrides: list[str]) -> DictConfig:
+    def compose_one(overrides: list[str], raw: bool = False) -> DictConfig:
         try:
-            cfg = hydra_compose("train", overrides=normalise(list(overrides)))
+            cfg = hydra_compose("train", overrides=normalise(list(overrides)),
+                                return_hydra_config=raw)
+            if raw:
+                return cfg
             OmegaConf.resolve(cfg)
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(explain(e)) from None
