@@ -313,7 +313,8 @@ def test_two_run_legend_holds_only_the_keys_that_differ(tmp_path, capsys):
             (d / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(raw))
             (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
             meta = json.loads((d / "run.json").read_text())
-            (d / "run.json").write_text(json.dumps({**meta, "config": OmegaConf.to_container(raw, resolve=True)}))
+            meta["config"] = OmegaConf.to_container(raw, resolve=True)
+            (d / "run.json").write_text(json.dumps(meta))
     out = tmp_path / "fig" / "cmp"
     rc, _, err = lnexp(capsys, "plot", *(str(tmp_path / "runs" / n) for n in runs), "--out", str(out))
     assert rc == 0, err
