@@ -40,7 +40,7 @@ def run_name(task_overrides: Any, exclude_keys: Any = (), runs_root: str = "",
     overrides = [str(o) for o in (task_overrides or ()) if _key(str(o)) not in exclude]
     with composing() as compose_raw:
         name, resolved = name_and_config(overrides, compose_raw,
-                                         None if _root_ is None else _task(_root_))
+                                         None if _root_ is None else task_config(_root_))
     old = legacy_name(typed_name if typed_name is not None else ",".join(overrides), resolved)
     root = Path(str(runs_root or "."))
     if old != name and not (root / name).exists() and (root / old).is_dir():
@@ -72,7 +72,7 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
         defaults = _default_choices(experiment, compose_raw)
         groups = [(t, o) for t, o in groups
                   if o.key_or_group == "experiment" or _choice(o) != defaults.get(o.key_or_group)]
-    context = _task(compose_raw([t for t, _ in groups]))  # the group choices alone
+    context = task_config(compose_raw([t for t, _ in groups]))  # the group choices alone
     if full is None:
         if all(_is_group(o) or _is_plain(o) for _, o in parsed):  # as Hydra applies them
             full = context.copy()
@@ -80,7 +80,7 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
                 if not _is_group(o):
                     OmegaConf.update(full, o.key_or_group, o.value(), merge=True)
         else:
-            full = _task(compose_raw([text for text, _ in parsed]))
+            full = task_config(compose_raw([text for text, _ in parsed]))
     resolved = OmegaConf.to_container(full, resolve=True)
     values = [(t, o) for t, o in parsed if not _is_group(o) and _is_plain(o)
               and _lookup(resolved, o.key_or_group) is not _ABSENT]
@@ -175,13 +175,14 @@ def _choice(o) -> str:
 def _default_choices(experiment: list[str], compose_raw: Composer) -> dict[str, str]:
     """Each group's choice when none is typed (an experiment can change them)."""
     if not experiment:
-        return _train_yaml_choices()
+        return default_choices()
     choices = compose_raw(experiment).hydra.runtime.choices
     return {str(k): str(v) for k, v in choices.items()}
 
 
 @cache
-def _train_yaml_choices() -> dict[str, str]:
+def default_choices() -> dict[str, str]:
+    """Each group's choice in configs/train.yaml's defaults list (no experiment)."""
     raw = OmegaConf.to_container(OmegaConf.load(config.CONFIG_DIR / "train.yaml"))
     out = {}
     for entry in raw["defaults"]:  # type: ignore[index]
@@ -191,7 +192,7 @@ def _train_yaml_choices() -> dict[str, str]:
     return out
 
 
-def _task(cfg: DictConfig) -> DictConfig:
+def task_config(cfg: DictConfig) -> DictConfig:
     """The task part of a composed config (Hydra's node dropped), unresolved."""
     raw = OmegaConf.to_container(cfg, resolve=False)
     raw.pop("hydra", None)  # type: ignore[union-attr]

@@ -104,3 +104,18 @@ def test_a_run_under_its_old_folder_name_stays_there(tmp_path, capsys):
     assert "its folder's old name; it stays there (today's name: default)" in capsys.readouterr().err
     (tmp_path / "default").mkdir()  # today's folder exists: it wins
     assert run_names.run_name(*args, typed_name="lr=1e-3,seed=1") == "default"
+
+
+def test_train_help_shows_each_keys_comment_and_the_allowed_values(capsys):
+    from lnexp.names import NORMS, PRECISIONS
+    from lnexp.train.run import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    yaml = (config.CONFIG_DIR / "train.yaml").read_text().split("\nhydra:")[0]
+    commented = [ln for ln in yaml.splitlines() if " # " in ln and not ln.lstrip().startswith(("-", "#"))]
+    assert len(commented) > 20 and all(f"  {ln}" in out.splitlines() for ln in commented)
+    allowed = next(ln for ln in out.splitlines() if ln.startswith("Allowed values: "))
+    assert all(v in allowed for v in (*NORMS, *PRECISIONS, "auto | cpu | cuda"))
+    assert "6* 8 10 12 14 (any depth=N (N >= 1) works" in out  # not only the five files
+    assert "post_ln*" in out and "multi30k*" in out and "    fig2_mini " in out

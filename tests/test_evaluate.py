@@ -308,7 +308,7 @@ def test_two_run_legend_holds_only_the_keys_that_differ(tmp_path, capsys):
     runs = {"default": ["max_epoch=2"], "placement=pre_ln": ["placement=pre_ln", "warmup=0"]}
     with run_names.composing() as compose_raw:
         for name, overrides in runs.items():
-            raw = run_names._task(compose_raw(overrides))
+            raw = run_names.task_config(compose_raw(overrides))
             d = fake_run(tmp_path / "runs", name, "")
             (d / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(raw))
             (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))

@@ -152,6 +152,11 @@ def main(argv: list[str]) -> int:
 
     from lnexp import config
 
+    if {"--help", "-h"} & set(argv):  # Hydra's help drops the YAML comments that explain the keys
+        from lnexp.train.help import train_help
+
+        print(train_help())
+        return 0
     config.register_resolvers()
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
