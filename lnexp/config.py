@@ -33,22 +33,9 @@ MAX_LAYERS = 1000
 
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_name"):
+        from lnexp.run_names import run_name  # the run folder's name (lnexp/run_names.py)
+
         OmegaConf.register_new_resolver("run_name", run_name)
-
-
-def run_name(overrides: str, schedule: str = "", max_epoch: int = 0, max_update: int = 0) -> str:
-    """The run folder's name: the overrides that change what is trained.
-
-    A ``linear`` schedule decays over the whole run, so there the run's length is part of what is
-    trained and names the run too.
-    """
-    items = [s.replace("'", "").replace('"', "") for s in overrides.split(",") if s]
-    if schedule == "linear":
-        items = [s for s in items if s.split("=", 1)[0] not in LENGTH_KEYS]
-        items.append(f"max_epoch={max_epoch}")
-        if max_update:
-            items.append(f"max_update={max_update}")
-    return ",".join(sorted(items)).replace("/", "_") or "default"
 
 
 def config_keys() -> set[str]:
@@ -186,7 +173,7 @@ _REFERENCES: dict[tuple[str, ...], dict] = {}
 def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
     """A function that composes configs/train.yaml with overrides: resolved, every key known and of
     its config type (as Hydra refuses an unknown key without ``+``), the values' ranges not yet
-    validated."""
+    validated; ``raw=True``: unresolved, with Hydra's node, unchecked."""
     import sys
 
     from hydra import compose as hydra_compose
@@ -201,16 +188,20 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
         hide_fairseq_schemas()
     parser = OverridesParser.create()
 
-    def resolved(overrides: list[str]) -> DictConfig:
+    def resolved(overrides: list[str], raw: bool = False) -> DictConfig:
         try:
-            cfg = hydra_compose("train", overrides=overrides)
+            cfg = hydra_compose("train", overrides=overrides, return_hydra_config=raw)
+            if raw:
+                return cfg
             OmegaConf.resolve(cfg)
         except (HydraException, OmegaConfBaseException) as e:
             raise ConfigError(explain(e)) from None
         return cfg
 
-    def compose_one(overrides: list[str]) -> DictConfig:
+    def compose_one(overrides: list[str], raw: bool = False) -> DictConfig:
         overrides = normalise(list(overrides))
+        if raw:
+            return resolved(overrides, raw=True)
         keys = [parser.parse_override(o).get_key_element() for o in overrides]
         for i, key in enumerate(keys):  # Hydra would keep the last silently; both would name the run
             if key in keys[:i]:

@@ -72,11 +72,50 @@ def test_paper_scale_decay_epoch_follows_the_dataset():
     assert iwslt.warmup == 0 and iwslt.lr == 5e-4
 
 
-def test_run_name_leaves_out_length_and_reporting_but_not_for_linear():
-    assert config.run_name("placement=pre_ln,warmup=0", "step", 2, 0) == "placement=pre_ln,warmup=0"
-    assert config.run_name("", "inverse_sqrt", 4, 0) == "default"
-    assert config.run_name("depth='12'", "step", 2, 0) == "depth=12"
-    assert config.run_name("schedule=linear", "linear", 4, 0) == "max_epoch=4,schedule=linear"
-    assert config.run_name("max_epoch=3,schedule=linear", "linear", 3, 10) == \
-        "max_epoch=3,max_update=10,schedule=linear"
-    assert config.run_name("dataset.dir=/a/b", "step", 2, 0) == "dataset.dir=_a_b"
+def test_one_configuration_one_folder():
+    """The folder name comes from the resolved config: overrides that change nothing are left out
+    (in the context of the others), numbers are written one way."""
+    from lnexp import run_names
+
+    with run_names.composing() as compose_raw:
+        def name(*overrides: str) -> str:
+            return run_names.name_and_config(list(overrides), compose_raw)[0]
+
+        six = [(), ("placement=post_ln",), ("seed=1",), ("lr=0.001",), ("lr=1e-3",), ("schedule=auto",)]
+        assert {name(*o) for o in six} == {"default"}
+        # `-m placement=post_ln,pre_ln seed=1,2`: its first job is the demo's run, runs/default
+        assert [name(f"placement={p}", f"seed={s}") for p in ("post_ln", "pre_ln") for s in (1, 2)] == [
+            "default", "seed=2", "placement=pre_ln", "placement=pre_ln,seed=2"]
+        assert name("placement=pre_ln", "warmup=0") == "placement=pre_ln"  # Pre-LN's recipe: no warm-up
+        assert name("lr=5e-4") == name("lr=0.0005") == "lr=0.0005"
+        assert name("scale=paper", "lr=1e-3") == "lr=0.001,scale=paper"  # the paper scale's lr is 5e-4
+        assert name("schedule=linear", "max_epoch=3") == "max_epoch=3,schedule=linear"  # length trained
+    assert [run_names.number(x) for x in (1e-3, 5e-4, 1e-05, 2.0, 4000, 0.1)] == [
+        "0.001", "0.0005", "1e-5", "2", "4000", "0.1"]
+
+
+def test_a_run_under_its_old_folder_name_stays_there(tmp_path, capsys):
+    from lnexp import run_names
+
+    args = (["lr=1e-3", "seed=1", "threads=1"], ["threads"], str(tmp_path))
+    assert run_names.run_name(*args, typed_name="lr=1e-3,seed=1") == "default"
+    (tmp_path / "lr=1e-3,seed=1").mkdir()  # what lnexp named it before
+    assert run_names.run_name(*args, typed_name="lr=1e-3,seed=1") == "lr=1e-3,seed=1"
+    assert "its folder's old name; it stays there (today's name: default)" in capsys.readouterr().err
+    (tmp_path / "default").mkdir()  # today's folder exists: it wins
+    assert run_names.run_name(*args, typed_name="lr=1e-3,seed=1") == "default"
+
+
+def test_train_help_shows_each_keys_comment_and_the_allowed_values(capsys):
+    from lnexp.names import NORMS, PRECISIONS
+    from lnexp.train.run import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    yaml = (config.CONFIG_DIR / "train.yaml").read_text().split("\nhydra:")[0]
+    commented = [ln for ln in yaml.splitlines() if " # " in ln and not ln.lstrip().startswith(("-", "#"))]
+    assert len(commented) > 20 and all(f"  {ln}" in out.splitlines() for ln in commented)
+    allowed = next(ln for ln in out.splitlines() if ln.startswith("Allowed values: "))
+    assert all(v in allowed for v in (*NORMS, *PRECISIONS, "auto | cpu | cuda"))
+    assert "6* 8 10 12 14 (any depth=N (N >= 1) works" in out  # not only the five files
+    assert "post_ln*" in out and "multi30k*" in out and "    fig2_mini " in out

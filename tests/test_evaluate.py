@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -346,3 +347,33 @@ def test_every_source_sentence_gets_its_hypothesis(tiny_model):
                                     required_batch_size_multiple=8).next_epoch_itr(shuffle=False)
     with pytest.raises(MissingHypotheses, match="5 of the 13 val13 sentences got no hypothesis"):
         generate(task, model, "val13", "cpu", 1, 1.0, 256, decode, range(13), batches=stock)
+
+
+def test_two_run_legend_holds_only_the_keys_that_differ(tmp_path, capsys):
+    """The demo against `placement=pre_ln warmup=0`, with the configs lnexp train saves (resolved
+    in run.json, composed and unresolved in .hydra/config.yaml): the legend names the placement
+    and the warm-up only (no recipe text, no schedule that follows the recipe), and the picture
+    keeps the panels' width."""
+    from matplotlib.image import imread
+    from omegaconf import OmegaConf
+
+    from lnexp import run_names
+
+    runs = {"default": ["max_epoch=2"], "placement=pre_ln": ["placement=pre_ln", "warmup=0"]}
+    with run_names.composing() as compose_raw:
+        for name, overrides in runs.items():
+            raw = run_names.task_config(compose_raw(overrides))
+            d = fake_run(tmp_path / "runs", name, "")
+            (d / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(raw))
+            (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+            meta = json.loads((d / "run.json").read_text())
+            meta["config"] = OmegaConf.to_container(raw, resolve=True)
+            (d / "run.json").write_text(json.dumps(meta))
+    out = tmp_path / "fig" / "cmp"
+    rc, _, err = lnexp(capsys, "plot", *(str(tmp_path / "runs" / n) for n in runs), "--out", str(out))
+    assert rc == 0, err
+    with open(out.with_suffix(".csv"), newline="") as f:
+        labels = {row["label"] for row in csv.DictReader(f)}
+    assert labels == {"placement=post_ln, warmup=100", "placement=pre_ln, warmup=0"}
+    width = imread(out.with_suffix(".png")).shape[1]
+    assert width <= 2 * 4.2 * 150  # two panels of 4.2 in at 150 dpi: the legend adds no width

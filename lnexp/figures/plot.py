@@ -32,23 +32,66 @@ UNFINISHED = ("failed", "running", "interrupted", "pending")
 PER_UPDATE = ("loss", "nll_loss", "gnorm", "lr")  # updates.csv columns, plotted with --x updates
 
 
+LABEL_VALUE_MAX = 20  # characters of one value in a legend label, and of the whole label
+LABEL_MAX = 60
+
+
 def legend_keys(runs: list[Run]) -> list[str]:
-    """Leaf config keys whose values differ between the runs. Keys that some runs lack (configs
-    of older lnexp versions) are left out: their absence is not a difference of the experiment."""
+    """The config keys that tell the runs apart: leaf keys whose values differ between the runs,
+    without text (``*.why``, ``*.recipe.*``, free text), keys that every run derives from another
+    key (an interpolation in its ``.hydra/config.yaml``: ``schedule.name`` follows the placement's
+    recipe), and a group's other keys where its name differs (they follow from the choice) unless
+    a run's overrides set them. Keys that some runs lack (configs of older lnexp versions) are left
+    out: their absence is not a difference of the experiment."""
     common = set.intersection(*(set(dotted_keys(r.config)) for r in runs)) if runs else set()
     leaves = sorted(k for k in common
                     if not isinstance(runs[0].get(k), dict) and not k.startswith(NOISE))
-    return [k for k in leaves if len({repr(r.get(k)) for r in runs}) > 1]
+    differ = [k for k in leaves if len({repr(r.get(k)) for r in runs}) > 1 and not _text(k, runs)]
+    derived = set.intersection(*(_derived(r) for r in runs)) if runs else set()
+    typed = {o.lstrip("+~").split("=", 1)[0] for r in runs for o in r.overrides}
+    differ = [k for k in differ if k not in derived or k in typed]
+    chosen = {k.removesuffix(".name") for k in differ if k.endswith(".name")}
+    return [k for k in differ if k.endswith(".name") or k.split(".")[0] not in chosen or k in typed]
+
+
+def _text(key: str, runs: list[Run]) -> bool:
+    parts = key.split(".")
+    return parts[-1] == "why" or "recipe" in parts or any(
+        isinstance(r.get(key), str) and " " in r.get(key) for r in runs)
+
+
+def _derived(run: Run) -> set[str]:
+    """Keys of a run whose config-file value is an interpolation (Hydra saves the composed,
+    unresolved config in .hydra/config.yaml)."""
+    from omegaconf import OmegaConf
+
+    path = run.dir / ".hydra" / "config.yaml"
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception:  # no file (runs of other tools), or one OmegaConf cannot read
+        return set()
+    return {k for k in dotted_keys(raw) if _raw(raw, k)}
+
+
+def _raw(tree: Any, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return isinstance(tree, str) and "${" in tree
 
 
 def label(run: Run, keys: list[str]) -> str:
     parts = [f"{k.removesuffix('.name')}={_short(run.get(k))}" for k in keys]
     text = ", ".join(parts) or run.name
+    if len(text) > LABEL_MAX:
+        text = text[:LABEL_MAX - 1] + "…"
     return text + ("" if run.state == "done" else f" [{run.state}]")
 
 
 def _short(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
+    text = f"{v:g}" if isinstance(v, float) else str(v)
+    return text if len(text) <= LABEL_VALUE_MAX else text[:LABEL_VALUE_MAX - 1] + "…"
 
 
 def select(paths: list[Path], root: Path, filters: dict[str, str]) -> list[Run]:
@@ -152,9 +195,11 @@ def draw(runs: list[Run], metrics: list[str], x: str, out: Path, seeds: str = "b
         if x != "wall":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles, labels = axes[0][0].get_legend_handles_labels()
-    wide = len(groups) > 6 or max(len(s) for s in labels) > 40
+    # as many columns as fit over the panels (~15 characters per inch at the legend's 8 pt), so
+    # that the legend never widens the picture and squeezes the panels
+    fits = int(fig.get_figwidth() * 15) // (max(len(s) for s in labels) + 6)
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 1.0),
-               ncol=1 if wide else min(len(groups), 3))
+               ncol=max(1, min(len(groups), 3, fits)))
     fig.tight_layout()
     note = "x: diverged; dashed: did not finish" if any(
         r.diverged or r.state in UNFINISHED for r in runs) else None

@@ -2,7 +2,9 @@
 
 Everything measured is read from what the figure commands wrote (figures/*_checks.json,
 figures/*_summary.csv); nothing measured is written here by hand. A figure whose files are missing
-gets "not run yet: make NAME" instead of failing. Checks JSON are read generically: a list under
+gets "not run yet: make NAME" in report/README.md instead of failing; in README's claims block
+(``--readme``) its rows stay as they were measured, with their scale and date: a command that
+only reads results never erases committed ones. Checks JSON are read generically: a list under
 "checks" (or a top-level list) of objects with a claim, the paper's value, ours and pass/fail.
 """
 
@@ -12,6 +14,7 @@ import csv
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -212,35 +215,103 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
 
 README_BEGIN = "<!-- claims: written by `make report` (lnexp figure report --readme README.md) -->"
 README_END = "<!-- end of claims -->"
+CLAIMS_INTRO = ("Read from `figures/*_checks.json` by `make report`: a figure's rows are rewritten "
+                "only from its checks file, the others are kept as measured (scale and date in the "
+                "last column); `report/README.md` (same command) has every row and figure.")
+CLAIMS_HEADER = ["| figure | claim of the paper | paper | ours | holds? | measured |",
+                 "|---|---|---|---|---|---|"]
+INFORMATIONAL = "Informational (no threshold at this scale; each claim in `report/README.md`): "
+NOT_RUN = "Not run yet for this table: "
+_CELL_SPLIT = re.compile(r"(?<!\\)\|")
+_DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
+_SCALE = re.compile(r"Scale `(\w+)`")
 
 
-def claims_table(figures: Path, scale: str) -> str:
-    """The required claims with a threshold of every figure that was run: the paper's value, ours,
-    holds or not (report/README.md keeps the reported-only rows)."""
-    lines = [README_BEGIN, "",
-             f"Scale `{scale}`, read from `{figures.as_posix()}/*_checks.json` by `make report` on "
-             f"{time.strftime('%Y-%m-%d')}; `report/README.md` (same command) has every row and figure.",
-             "", "| figure | claim of the paper | paper | ours | holds? |", "|---|---|---|---|---|"]
-    missing, informational = [], []
+def _row_title(title: str) -> str:
+    return title.split(" (")[0]
+
+
+def _note_title(title: str) -> str:
+    return title.split(":")[0]
+
+
+def measured_on(path: Path, doc: Any, scale: str) -> str:
+    """'mini, 2026-12-01': the scale of a checks file and the day it was written."""
+    when = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
+    made_at = doc.get("scale") if isinstance(doc, dict) and doc.get("scale") else scale
+    return f"{made_at}, {when}"
+
+
+def new_claims(figures: Path, scale: str) -> dict[str, tuple[list[str], str | None]]:
+    """Per figure with a checks file: its table rows (required claims with a threshold) and its
+    informational note (figures whose claims are all informational)."""
+    out = {}
     for name, title in SECTIONS:
-        doc = _read_json(figures / f"{name}_checks.json")
+        path = figures / f"{name}_checks.json"
+        doc = _read_json(path)
         if doc is None:
-            missing.append(f"`make {name}`")
             continue
+        when = measured_on(path, doc, scale)
         items = check_items(doc)
         required = [c for c in items if c.get("required", True)  # thresholds only
                     and _first(c, "pass", "passed", "holds") is not None]
-        for row in check_rows({"checks": required}):
-            lines.append(f"| {title.split(' (')[0]} | {row['claim']} | {row['paper']} | {row['ours']} | "
-                         f"{row['holds']} |")
+        rows = [f"| {_row_title(title)} | {r['claim']} | {r['paper']} | {r['ours']} | {r['holds']} | "
+                f"{when} |" for r in check_rows({"checks": required})]
+        note = None
         if items and not any(c.get("required", True) for c in items):  # claims tested, none required
-            informational.append(f"{title.split(':')[0]}: {claims_supported(doc)} claims supported "
-                                 "by our runs")
-    if informational:
-        lines += ["", "Informational (no threshold at this scale; each claim in `report/README.md`): "
-                  + "; ".join(informational) + "."]
+            note = f"{_note_title(title)}: {claims_supported(doc)} claims supported by our runs ({when})"
+        out[name] = (rows, note)
+    return out
+
+
+def old_claims(block: str) -> dict[str, tuple[list[str], str | None]]:
+    """The rows and notes of a claims block already in README, per figure, each with the scale and
+    date it was measured (blocks of older versions: the ones their intro line names)."""
+    scale = (_SCALE.findall(block) or ["mini"])[0]
+    dates = _DATE.findall(block.split("\n| figure ")[0])
+    when = f"{scale}, {dates[0]}" if dates else f"{scale}, date unknown"
+    by_row = {_row_title(t): n for n, t in SECTIONS}
+    by_note = {_note_title(t): n for n, t in SECTIONS}
+    out: dict[str, tuple[list[str], str | None]] = {}
+    for line in block.splitlines():
+        if line.startswith("| ") and not line.startswith("| figure |"):
+            cells = [c.strip() for c in _CELL_SPLIT.split(line)[1:-1]]
+            if len(cells) == 5:  # no "measured" column yet
+                cells.append(when)
+            name = by_row.get(cells[0], cells[0])
+            out.setdefault(name, ([], None))[0].append("| " + " | ".join(cells) + " |")
+        elif line.startswith(INFORMATIONAL):
+            for entry in line[len(INFORMATIONAL):].rstrip(".").split("; "):
+                if not entry.strip():
+                    continue
+                if not entry.endswith(")") or not _DATE.search(entry.rsplit("(", 1)[-1]):
+                    entry = f"{entry} ({when})"
+                name = by_note.get(entry.split(":")[0], entry.split(":")[0])
+                out[name] = (out.get(name, ([], None))[0], entry)
+    return out
+
+
+def claims_table(figures: Path, scale: str, old_block: str = "") -> str:
+    """README's claims block: the required claims with a threshold of every figure that has a
+    checks file (the paper's value, ours, holds or not, when measured), and the rows of the
+    figures without one kept from ``old_block`` as they were (report/README.md keeps the
+    reported-only rows)."""
+    fresh, kept = new_claims(figures, scale), old_claims(old_block)
+    rows: list[str] = []
+    notes: list[str] = []
+    missing = []
+    names = [n for n, _ in SECTIONS] + [n for n in kept if n not in dict(SECTIONS)]
+    for name in names:
+        figure_rows, note = fresh.get(name) or kept.get(name) or ([], None)
+        if name not in fresh and name not in kept:
+            missing.append(f"`make {name}`")
+        rows += figure_rows
+        notes += [note] if note else []
+    lines = [README_BEGIN, "", CLAIMS_INTRO, "", *CLAIMS_HEADER, *rows]
+    if notes:
+        lines += ["", INFORMATIONAL + "; ".join(notes) + "."]
     if missing:
-        lines += ["", "Not run yet for this table: " + ", ".join(missing) + "."]
+        lines += ["", NOT_RUN + ", ".join(missing) + "."]
     return "\n".join([*lines, "", README_END])
 
 
@@ -257,10 +328,16 @@ def claims_block(path: Path) -> tuple[str, int, int]:
     return text, start, end
 
 
-def update_readme(path: Path, table: str) -> None:
-    """Replace the claims block of ``path`` (between the markers) with ``table``, atomically."""
+def update_readme(path: Path, figures: Path, scale: str) -> bool:
+    """Rewrite the claims block of ``path`` (between the markers) atomically, keeping the rows no
+    checks file can recompute; False (and the file untouched) when nothing changed."""
     text, start, end = claims_block(path)
+    old = text[start:end + len(README_END)]
+    table = claims_table(figures, scale, old)
+    if table == old:
+        return False
     write_text(path, text[:start] + table + text[end + len(README_END):])
+    return True
 
 
 def main(argv: list[str]) -> int:
@@ -280,6 +357,7 @@ def main(argv: list[str]) -> int:
     write_text(path, text)
     print(f"wrote {path}")
     if args.readme is not None:
-        update_readme(args.readme, claims_table(args.figures, args.scale))
-        print(f"updated the claims table of {args.readme}")
+        changed = update_readme(args.readme, args.figures, args.scale)
+        print(f"{'updated' if changed else 'kept'} the claims table of {args.readme}"
+              + ("" if changed else " (no checks file changes a row)"))
     return 0

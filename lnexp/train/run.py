@@ -168,6 +168,11 @@ def main(argv: list[str]) -> int:
     from lnexp import config
     from lnexp.train.sharing import passive_wait_if_shared
 
+    if {"--help", "-h"} & set(argv):  # Hydra's help drops the YAML comments that explain the keys
+        from lnexp.train.help import train_help
+
+        print(train_help())
+        return 0
     config.register_resolvers()
     passive = passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
