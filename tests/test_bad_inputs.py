@@ -221,15 +221,17 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
     from lnexp.cli import main
 
     fill = {k: str(v) for k, v in inputs.items()}
+    kept = [inputs["tmp"]]  # every file under these stays as it was
     if "{trained}" in line:
-        fill["trained"] = str(request.getfixturevalue("tiny_run"))
+        kept.append(request.getfixturevalue("tiny_run"))
+        fill["trained"] = str(kept[-1])
     argv = [a.format(**fill) for a in shlex.split(line)]
     if argv[0] == "train" and not any(a.startswith("runs_root=") for a in argv):
         argv.append(f"runs_root={inputs['root']}")
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8",
                                                            errors="surrogateescape"))
-    before = _files(inputs["tmp"])
+    before = [_files(d) for d in kept]
     capfd.readouterr()
     rc = main(argv)
     out, err = capfd.readouterr()
@@ -238,7 +240,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[")]
     assert rc == 2 and len(lines) == 1, f"exit {rc}\n{out}{err}"
     assert needle in lines[0], lines[0]
-    assert _files(inputs["tmp"]) == before  # no run folder, no rewritten status.json
+    assert [_files(d) for d in kept] == before  # no run folder, no rewritten status.json
 
 
 def test_the_table_covers_every_command():
