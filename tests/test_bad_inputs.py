@@ -87,7 +87,7 @@ CASES = [
     ("train dataset.dir={nowhere}", "lacks train.de.gz"),
     ("train runs_root=/proc/forbidden", "runs_root=/proc/forbidden: cannot make folders there"),
     ("train runs_root={bad}/notes.txt", "cannot make folders there"),
-    ("train -sc install=bash", "shell completion (-sc) is not available for lnexp train"),
+    ("train -sc install=nushell", "-sc 'install=nushell': use -sc install=bash"),
     # --- lnexp results -----------------------------------------------------------------------
     ("results --runs-root {bad}/empty placment=pre_ln",
      "unknown filter key 'placment': did you mean placement?"),
@@ -263,3 +263,15 @@ def test_train_info_prints_each_line_once():
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert "Hydra 1.3.2" in lines[0] and len([ln for ln in lines if "Hydra 1.3.2" in ln]) == 1
+
+
+def test_train_tab_completion_completes_commands_groups_and_options(capfd, monkeypatch):
+    from lnexp.cli import main
+
+    assert main(["train", "-sc", "install=bash"]) == 0
+    assert "complete -o nospace -o default -F hydra_bash_completion lnexp" in capfd.readouterr().out
+    for line, words in (("lnexp tr", "train translate"),
+                        ("lnexp train placement=p", "placement=peri_ln placement=post_ln")):
+        monkeypatch.setenv("COMP_LINE", line)
+        assert main(["-sc", "query=bash"]) == 0
+        assert words in capfd.readouterr().out
