@@ -54,6 +54,8 @@ def _dispatch(argv: list[str]) -> int:
 
         print(f"lnexp {__version__}")
         return 0
+    if argv[0] in ("-sc", "--shell-completion"):
+        return _complete(argv)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"lnexp: unknown command {command!r}; use one of {', '.join(COMMANDS)} "
@@ -80,6 +82,25 @@ def _dispatch(argv: list[str]) -> int:
         print(f"lnexp {command}: interrupted; finished work is kept, re-run to resume",
               file=sys.stderr)
         return 130
+
+
+def _complete(argv: list[str]) -> int:
+    """The shell's question from the script ``lnexp train -sc install=bash`` installs: the line typed
+    so far is in $COMP_LINE. Command names, then Hydra's completion of ``lnexp train``'s groups,
+    options and keys; other commands complete file names (the script's default)."""
+    import os
+
+    line = os.environ.get("COMP_LINE", "")
+    words = line.split()
+    if len(words) > 1 and words[1] == "train" and (len(words) > 2 or line.endswith(" ")):
+        os.environ["COMP_LINE"] = line.split(None, 1)[1]  # Hydra drops the first word: `train`
+        from lnexp.train.run import shell_completion
+
+        return shell_completion(argv)
+    if len(words) == 1 or (len(words) == 2 and not line.endswith(" ")):
+        prefix = words[1] if len(words) == 2 else ""
+        print(" ".join(c for c in COMMANDS if c.startswith(prefix)))
+    return 0
 
 
 if __name__ == "__main__":

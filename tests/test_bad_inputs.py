@@ -87,7 +87,7 @@ CASES = [
     ("train dataset.dir={nowhere}", "lacks train.de.gz"),
     ("train runs_root=/proc/forbidden", "runs_root=/proc/forbidden: cannot make folders there"),
     ("train runs_root={bad}/notes.txt", "cannot make folders there"),
-    ("train -sc install=bash", "shell completion (-sc) is not available for lnexp train"),
+    ("train -sc install=nushell", "-sc 'install=nushell': use -sc install=bash"),
     # --- lnexp results -----------------------------------------------------------------------
     ("results --runs-root {bad}/empty placment=pre_ln",
      "unknown filter key 'placment': did you mean placement?"),
@@ -221,15 +221,17 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
     from lnexp.cli import main
 
     fill = {k: str(v) for k, v in inputs.items()}
+    kept = [inputs["tmp"]]  # every file under these stays as it was
     if "{trained}" in line:
-        fill["trained"] = str(request.getfixturevalue("tiny_run"))
+        kept.append(request.getfixturevalue("tiny_run"))
+        fill["trained"] = str(kept[-1])
     argv = [a.format(**fill) for a in shlex.split(line)]
     if argv[0] == "train" and not any(a.startswith("runs_root=") for a in argv):
         argv.append(f"runs_root={inputs['root']}")
     if stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8",
                                                            errors="surrogateescape"))
-    before = _files(inputs["tmp"])
+    before = [_files(d) for d in kept]
     capfd.readouterr()
     rc = main(argv)
     out, err = capfd.readouterr()
@@ -238,7 +240,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("[")]
     assert rc == 2 and len(lines) == 1, f"exit {rc}\n{out}{err}"
     assert needle in lines[0], lines[0]
-    assert _files(inputs["tmp"]) == before  # no run folder, no rewritten status.json
+    assert [_files(d) for d in kept] == before  # no run folder, no rewritten status.json
 
 
 def test_the_table_covers_every_command():
@@ -261,3 +263,15 @@ def test_train_info_prints_each_line_once():
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert "Hydra 1.3.2" in lines[0] and len([ln for ln in lines if "Hydra 1.3.2" in ln]) == 1
+
+
+def test_train_tab_completion_completes_commands_groups_and_options(capfd, monkeypatch):
+    from lnexp.cli import main
+
+    assert main(["train", "-sc", "install=bash"]) == 0
+    assert "complete -o nospace -o default -F hydra_bash_completion lnexp" in capfd.readouterr().out
+    for line, words in (("lnexp tr", "train translate"),
+                        ("lnexp train placement=p", "placement=peri_ln placement=post_ln")):
+        monkeypatch.setenv("COMP_LINE", line)
+        assert main(["-sc", "query=bash"]) == 0
+        assert words in capfd.readouterr().out

@@ -162,6 +162,31 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def shell_completion(argv: list[str]) -> int:
+    """Hydra's tab completion of the groups, options and keys: ``-sc install=bash`` prints the script
+    that completes the ``lnexp`` command; the script asks ``lnexp -sc query=bash`` with the line typed
+    so far (lnexp.cli hands it here without its first word, ``lnexp``)."""
+    import re
+
+    import hydra
+
+    from lnexp import config
+
+    i = max(argv.index(f) for f in ("-sc", "--shell-completion") if f in argv)
+    value = argv[i + 1] if i + 1 < len(argv) else ""
+    if not re.fullmatch(r"(install|uninstall|query)=(bash|zsh|fish)", value):
+        raise ConfigError(f"-sc {value!r}: use -sc install=bash (zsh: install=bash under "
+                          "bashcompinit; fish: install=fish), or uninstall=bash")
+    config.register_resolvers()
+    old = sys.argv
+    sys.argv = ["lnexp", "-sc", value]  # Hydra's script completes the command named argv[0]
+    try:
+        hydra.main(config_path=str(config.CONFIG_DIR), config_name="train", version_base="1.1")(_job)()
+    finally:
+        sys.argv = old
+    return 0
+
+
 def main(argv: list[str]) -> int:
     import hydra
 
@@ -177,9 +202,8 @@ def main(argv: list[str]) -> int:
     passive = passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
-    if {"-sc", "--shell-completion"} & set(argv):  # Hydra's would complete `lnexp`, not `lnexp train`
-        raise ConfigError("shell completion (-sc) is not available for lnexp train: lnexp train "
-                          "--help lists every group and option")
+    if {"-sc", "--shell-completion"} & set(argv):
+        return shell_completion(argv)
     failures = None  # --help, --cfg and friends run no job
     info = any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv)
     if not info:
