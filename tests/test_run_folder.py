@@ -164,6 +164,11 @@ def test_full_disk_stops_keeps_the_last_checkpoint_then_a_corrupt_one_falls_back
     assert rundir.checkpoint_damage(paths["last"]) is None
     assert fa.load_checkpoint_state(paths["last"])["extra_state"]["lnexp"]["saved_update"] == 2
     assert not paths["lock"].exists()
+    from lnexp.results import main as results
+
+    assert results(["--runs-root", str(runs)]) == 0
+    listed = capsys.readouterr().out
+    assert "1 failed" in listed and "failed: cannot write" in listed and "MB free" in listed
 
     monkeypatch.setattr(fa, "save_checkpoint_file", real)
     data = paths["last"].read_bytes()

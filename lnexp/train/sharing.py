@@ -91,7 +91,8 @@ def fair_share(others: int, jobs: int) -> tuple[int, str]:
         share, why = max(n // jobs, 1), f"{n} cores / {jobs} joblib jobs"
     if others and max(n // (others + 1), 1) < share:
         share = max(n // (others + 1), 1)
-        why = f"{n} cores shared with {others} other lnexp training(s) on this host"
+        why = f"{n} cores shared with {others} other lnexp training{'s' if others > 1 else ''} " \
+              "on this host"
     cap = omp_cap()
     if cap is not None and cap < share:
         share, why = cap, f"OMP_NUM_THREADS={cap}"
@@ -165,4 +166,5 @@ def passive_wait_if_shared(argv: list[str]) -> str | None:
     if not joblib and not others:
         return None
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return "a joblib sweep" if joblib else f"{others} other lnexp training(s) on this host"
+    return "a joblib sweep" if joblib else \
+        f"{others} other lnexp training{'s' if others > 1 else ''} on this host"
