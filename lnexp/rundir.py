@@ -128,6 +128,26 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[IO]:
             os.fsync(f.fileno())
 
 
+@contextmanager
+def append_file(path: Path) -> Iterator[IO]:
+    """``path`` opened to append rows (a reader drops a row cut short); a full disk is a DiskError."""
+    try:
+        with open(path, "a", newline="", encoding="utf-8") as f:
+            yield f
+    except OSError as e:
+        if e.errno in DISK_ERRNOS:
+            raise disk_error(path, e) from None
+        raise
+
+
+def as_disk_error(e: BaseException) -> DiskError | None:
+    """A DiskError for an OSError of a full disk or an unwritable folder raised anywhere (fairseq,
+    TensorBoard), naming the file if the error does; None for any other error."""
+    if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+        return disk_error(Path(e.filename or "the run folder"), e)
+    return None
+
+
 def write_text(path: Path, text: str) -> None:
     with atomic_file(path) as f:
         f.write(text)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# the tests' trainings share the cores among themselves only, not with other lnexp runs of the host
+os.environ.setdefault("LNEXP_ACTIVE_DIR", tempfile.mkdtemp(prefix="lnexp-test-active-"))
 REPO = Path(__file__).resolve().parents[1]
 
 
