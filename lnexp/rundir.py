@@ -262,6 +262,20 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def process_started(pid: int) -> str | None:
+    """The process's start time (Linux /proc), so that a pid reused by another program after a
+    crash is not taken for the process that wrote it; None where it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def same_process(pid: int, started: str | None) -> bool:
+    """Whether ``pid`` of this host is alive and is the process that started at ``started``."""
+    return process_alive(pid) and started in (None, process_started(pid))
+
+
 def effective_status(status: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     """status.json as it stands: a ``running`` run whose process is gone (SIGKILL, OOM, a dead node)
     is ``interrupted`` at its last recorded update. On the run's own host the process is looked up;
