@@ -120,9 +120,10 @@ def atomic_path(path: Path, suffix: str = "") -> Iterator[Path]:
 
 @contextmanager
 def atomic_file(path: Path, mode: str = "w") -> Iterator[IO]:
-    """An open temporary file that replaces ``path`` once written and synced."""
+    """An open temporary file that replaces ``path`` once written and synced (text: UTF-8, and
+    newlines written as given, as the csv module needs)."""
     with atomic_path(path) as tmp:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
