@@ -31,7 +31,7 @@ from lnexp.rundir import CHECKPOINTS, STATUS, effective_status, read_json, read_
 COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
            "lr", "warmup", "schedule", "depth", "params", "seed", "epochs", "max_epoch", "updates",
            "best_valid_loss", "best_bleu", "test_bleu", "test_checkpoint", "status", "diverged_update",
-           "diverged_reason")
+           "diverged_reason", "error")
 # "interrupted": status.json says running (or interrupted) but its process is gone (Ctrl-C, SIGKILL,
 # OOM, a dead node: rundir.effective_status); re-running the same command resumes it.
 STATUSES = ("done", "diverged", "failed", "running", "interrupted", "pending")
@@ -105,6 +105,7 @@ class Run:
             "test_bleu": test.get("bleu"), "test_checkpoint": test.get("checkpoint"),
             "status": self.state, "diverged_update": div.get("update"),
             "diverged_reason": div.get("reason"),
+            "error": self.status.get("error") if self.state == "failed" else None,
         }
 
 
@@ -199,7 +200,7 @@ def check_filter_keys(runs: list[Run], filters: dict[str, Any]) -> None:
         known = [*COLUMNS, *sorted({*schema, *(k for r in runs for k in dotted_keys(r.config))})]
         near = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean {near[0]}? " if near else ""
-        raise UserError(f"unknown filter key {key!r}: {hint}use a column ({', '.join(COLUMNS[1:-1])}) "
+        raise UserError(f"unknown filter key {key!r}: {hint}use a column ({', '.join(COLUMNS[1:-2])}) "
                         "or a dotted config key (e.g. dataset.name)")
 
 
@@ -241,7 +242,7 @@ def _count(n: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = [c for c in COLUMNS if c not in ("diverged_reason", "max_epoch", "test_checkpoint")]
+    cols = [c for c in COLUMNS if c not in ("diverged_reason", "max_epoch", "test_checkpoint", "error")]
     head = {"best_valid_loss": "best_valid", "diverged_update": "div_update", "residual_scale": "dt",
             "test_bleu": "test_bleu(ckpt)"}
     cells = [[head.get(c, c) for c in cols]]
@@ -369,6 +370,9 @@ def main(argv: list[str]) -> int:
         print(f"no runs under {args.runs_root}" + (" match " + " ".join(args.filters) if filters else ""))
         return 0
     print(table(rows))
+    for r in rows:
+        if r["error"]:
+            print(f"{r['run']} failed: {r['error']}")
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
     print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
           + "  (losses in bits/token)")

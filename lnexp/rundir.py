@@ -120,12 +120,33 @@ def atomic_path(path: Path, suffix: str = "") -> Iterator[Path]:
 
 @contextmanager
 def atomic_file(path: Path, mode: str = "w") -> Iterator[IO]:
-    """An open temporary file that replaces ``path`` once written and synced."""
+    """An open temporary file that replaces ``path`` once written and synced (text: UTF-8, and
+    newlines written as given, as the csv module needs)."""
     with atomic_path(path) as tmp:
-        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+
+
+@contextmanager
+def append_file(path: Path) -> Iterator[IO]:
+    """``path`` opened to append rows (a reader drops a row cut short); a full disk is a DiskError."""
+    try:
+        with open(path, "a", newline="", encoding="utf-8") as f:
+            yield f
+    except OSError as e:
+        if e.errno in DISK_ERRNOS:
+            raise disk_error(path, e) from None
+        raise
+
+
+def as_disk_error(e: BaseException) -> DiskError | None:
+    """A DiskError for an OSError of a full disk or an unwritable folder raised anywhere (fairseq,
+    TensorBoard), naming the file if the error does; None for any other error."""
+    if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+        return disk_error(Path(e.filename or "the run folder"), e)
+    return None
 
 
 def write_text(path: Path, text: str) -> None:
@@ -240,6 +261,20 @@ def process_alive(pid: int) -> bool:
     except (PermissionError, OverflowError, ValueError):
         return True
     return True
+
+
+def process_started(pid: int) -> str | None:
+    """The process's start time (Linux /proc), so that a pid reused by another program after a
+    crash is not taken for the process that wrote it; None where it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def same_process(pid: int, started: str | None) -> bool:
+    """Whether ``pid`` of this host is alive and is the process that started at ``started``."""
+    return process_alive(pid) and started in (None, process_started(pid))
 
 
 def effective_status(status: dict[str, Any], now: float | None = None) -> dict[str, Any]:

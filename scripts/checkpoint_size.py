@@ -10,7 +10,8 @@ special symbols (a prepared corpus's real dictionary differs by a few entries). 
 what a training checkpoint holds: the fp32 weights and Adam's two fp32 moments per parameter
 (``exp_avg``, ``exp_avg_sq``) written with torch.save; config and loop state add a few kB.
 So bytes ~ 12 x parameters. Epoch checkpoints (``checkpoint.keep_last_epochs=N``) cost N of
-these on top of checkpoint_last.pt and checkpoint_best.pt.
+these on top of checkpoint_last.pt, checkpoint_previous.pt (the one before it) and
+checkpoint_best.pt.
 """
 
 from __future__ import annotations

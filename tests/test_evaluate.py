@@ -40,7 +40,8 @@ def sacrebleu_cli(*args: str) -> float:
 
 def test_epoch_checkpoints_are_kept(tiny_run):
     names = sorted(p.name for p in (tiny_run / "checkpoints").iterdir())
-    assert names == ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    assert names == ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_best.pt", "checkpoint_last.pt",
+                     "checkpoint_previous.pt"]
 
 
 def test_keep_epoch_deletes_all_but_the_last_n(tmp_path):

@@ -106,23 +106,38 @@ def test_fair_share_of_cores(tmp_path, monkeypatch):
     assert not (tmp_path / "dead.json").exists()  # a dead training's entry is cleaned up
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    """One prepared corpus for the trainings of this module."""
+    return tmp_path_factory.mktemp("cache")
+
+
 def _train(argv: list[str]) -> int:
+    """``lnexp train`` in this process (no interpreter start-up); Hydra's log handlers are removed
+    afterwards (they hold the stream of this test's output capture)."""
     from lnexp.train.run import main
 
-    return main(argv)
+    handlers, level = logging.root.handlers[:], logging.root.level
+    policy = os.environ.get("OMP_WAIT_POLICY")
+    try:
+        return main(argv)
+    finally:
+        logging.root.handlers[:], logging.root.level = handlers, level
+        if policy is None:  # main() may set it for this process's later children
+            os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def test_full_disk_stops_keeps_the_last_checkpoint_then_a_corrupt_one_falls_back(
-        tmp_path, small_multi30k, monkeypatch, capsys):
-    """ENOSPC at the third checkpoint: one line, status failed with its counts, no temporary
-    file, checkpoint_last.pt the complete one of update 4. Then checkpoint_last.pt is cut in half:
-    the re-run resumes from checkpoint_previous.pt (update 2) and finishes."""
+        tmp_path, small_multi30k, cache, monkeypatch, capsys):
+    """ENOSPC at the third checkpoint (update 3): one line, status failed with its counts, no
+    temporary file, checkpoint_last.pt the complete one of update 2. Then checkpoint_last.pt is cut
+    in half: the re-run resumes from checkpoint_previous.pt (update 1) and finishes."""
     from lnexp import fairseq_adapter as fa
 
-    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LNEXP_CACHE", str(cache))
     monkeypatch.setenv("LNEXP_ACTIVE_DIR", str(tmp_path / "active"))
     runs = tmp_path / "runs"
-    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=6", "save_interval_updates=2",
+    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=4", "save_interval_updates=1",
             f"runs_root={runs}"]
     real, saves = fa.save_checkpoint_file, []
 
@@ -143,12 +158,17 @@ def test_full_disk_stops_keeps_the_last_checkpoint_then_a_corrupt_one_falls_back
     assert "MB free" in err[0] and "run the same command again" in err[0]
     status = rundir.read_json(paths["status"])
     assert status["status"] == "failed" and "No space left" in status["error"]
-    assert status["updates"] >= 4 and "epoch" in status
+    assert status["updates"] == status["resumes_from"] == 2 and status["epoch"] == 0
     assert sorted(p.name for p in paths["checkpoints"].iterdir()) == [
         rundir.CHECKPOINT_LAST, rundir.CHECKPOINT_PREVIOUS]  # no temporary file left
     assert rundir.checkpoint_damage(paths["last"]) is None
-    assert fa.load_checkpoint_state(paths["last"])["extra_state"]["lnexp"]["saved_update"] == 4
+    assert fa.load_checkpoint_state(paths["last"])["extra_state"]["lnexp"]["saved_update"] == 2
     assert not paths["lock"].exists()
+    from lnexp.results import main as results
+
+    assert results(["--runs-root", str(runs)]) == 0
+    listed = capsys.readouterr().out
+    assert "1 failed" in listed and "failed: cannot write" in listed and "MB free" in listed
 
     monkeypatch.setattr(fa, "save_checkpoint_file", real)
     data = paths["last"].read_bytes()
@@ -157,10 +177,10 @@ def test_full_disk_stops_keeps_the_last_checkpoint_then_a_corrupt_one_falls_back
     assert _train(argv) == 0
     out = capsys.readouterr()
     assert f"{paths['last']} is damaged" in out.out + out.err + _log_text(run)
-    assert "resuming from update 2" in out.out + out.err + _log_text(run)
+    assert "resuming from update 1" in out.out + out.err + _log_text(run)
     status = rundir.read_json(paths["status"])
-    assert status["status"] == "done" and status["updates"] == 6
-    assert [int(r["update"]) for r in rundir.read_updates(paths["updates"])] == list(range(1, 7))
+    assert status["status"] == "done" and status["updates"] == 4
+    assert [int(r["update"]) for r in rundir.read_updates(paths["updates"])] == [1, 2, 3, 4]
 
 
 def _log_text(run: Path) -> str:
@@ -168,11 +188,15 @@ def _log_text(run: Path) -> str:
 
 
 def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
-        tmp_path, small_multi30k, monkeypatch, capsys):
-    runs, cache = tmp_path / "runs", tmp_path / "cache"
+        tmp_path, small_multi30k, cache, monkeypatch, capsys):
+    """The first launch is stopped (SIGSTOP) while it holds the run, so that the second finds it
+    alive whatever the machine's speed; once continued it finishes as if alone."""
+    import signal
+
+    runs = tmp_path / "runs"
     monkeypatch.setenv("LNEXP_CACHE", str(cache))
     monkeypatch.setenv("LNEXP_ACTIVE_DIR", str(tmp_path / "active"))
-    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=30", f"runs_root={runs}"]
+    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=4", f"runs_root={runs}"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     first = subprocess.Popen([sys.executable, "-m", "lnexp.cli", "train", *argv], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -181,7 +205,11 @@ def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
         while time.time() < deadline and not list(runs.glob(f"*/{rundir.LOCK}")):
             assert first.poll() is None, first.communicate()[0]
             time.sleep(0.1)
-        assert _train(argv) == 2
+        first.send_signal(signal.SIGSTOP)
+        try:
+            assert _train(argv) == 2
+        finally:
+            first.send_signal(signal.SIGCONT)
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"by pid {first.pid} on host" in err[0], err
         assert "wait for it to finish, or stop it" in err[0]
@@ -191,5 +219,5 @@ def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
     assert first.returncode == 0, out[-3000:]
     (run,) = runs.iterdir()
     status = rundir.read_json(rundir.run_paths(run)["status"])
-    assert status["status"] == "done" and status["updates"] == 30
+    assert status["status"] == "done" and status["updates"] == 4
     assert "threads: 1 (threads=1 given)" in out

@@ -27,6 +27,7 @@ from lnexp.figures import runs as R
 from lnexp.figures.measured import write_csv
 from lnexp.names import PLACEMENTS
 from lnexp.results import Run
+from lnexp.rundir import run_paths
 
 OUTCOMES = ("trained", "plateau", "diverged", "missing")
 DT_PLACEMENTS = ("pre_ln", "peri_ln")  # the placements with a dt column
@@ -164,7 +165,7 @@ def first_failure(cells_by_lr: list[Cell | None]) -> float | None:
 
 def final_norms(run: Run) -> list[dict[str, Any]]:
     """Per-layer hidden-state RMS at the last tracked update of a run (norms.csv of track_norms)."""
-    path = run.dir / "norms.csv"
+    path = run_paths(run.dir)["norms"]
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = [r for r in csv.DictReader(f) if r.get("h_sq_norm_per_d") not in (None, "")]

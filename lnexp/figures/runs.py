@@ -14,7 +14,7 @@ from typing import Any
 
 from lnexp.errors import ArgumentParser
 from lnexp.results import Run, collect_runs
-from lnexp.rundir import write_json
+from lnexp.rundir import atomic_file, write_json
 
 BITS_PER_NAT = 1.0 / math.log(2.0)  # 1.4427 bits
 CURVE_FIELDS = ("experiment", "run", "placement", "optimizer", "lr", "warmup", "schedule", "seed",
@@ -72,7 +72,7 @@ def _r(x: Any, nd: int = 4) -> Any:
 def write_csvs(out: Path, name: str, runs: list[Run]) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     curves, summary = out / f"{name}.csv", out / f"{name}_summary.csv"
-    with open(curves, "w", newline="") as f:
+    with atomic_file(curves) as f:
         w = csv.DictWriter(f, fieldnames=CURVE_FIELDS, lineterminator="\n")
         w.writeheader()
         for run in runs:
@@ -82,7 +82,7 @@ def write_csvs(out: Path, name: str, runs: list[Run]) -> tuple[Path, Path]:
                             "updates": r["updates"], "lr_now": r.get("lr"),
                             "train_loss": r.get("train_loss"), "valid_loss": r.get("valid_loss"),
                             "valid_nll_loss": r.get("valid_nll_loss"), "valid_bleu": r.get("valid_bleu")})
-    with open(summary, "w", newline="") as f:
+    with atomic_file(summary) as f:
         w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(summary_row(r) for r in runs)

@@ -16,8 +16,8 @@ import torch
 
 from lnexp import fairseq_adapter as fa
 from lnexp.data.corpus import PreparedData
-from lnexp.data.text import write_lines
 from lnexp.errors import UserError
+from lnexp.rundir import write_text
 
 
 @dataclass
@@ -76,7 +76,7 @@ class BleuScorer:
     def score(self, model, device: str, hyps_path: Path | None = None) -> Validation:
         v, hyps = self.score_translations(self.translate(model, device))
         if hyps_path is not None:
-            write_lines(hyps_path, hyps)
+            write_text(hyps_path, "".join(h + "\n" for h in hyps))
         return v
 
     def score_translations(self, hyps_tok: list[str]) -> tuple[Validation, list[str]]:

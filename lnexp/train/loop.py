@@ -146,6 +146,9 @@ def _train(cfg: DictConfig, run_dir: Path, dist, paths: dict[str, Path],
             runlog.epoch(history)
         elif master:
             runlog.flush_updates()
+        if master:  # a run that stops now (a full disk) says where it resumes
+            n = trainer.get_num_updates()
+            beat({"status": "running", "epoch": len(history), "updates": n, "resumes_from": n})
 
     try:
         while epoch_itr.next_epoch_idx <= int(cfg.max_epoch):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lnexp.rundir import atomic_file
+from lnexp.rundir import append_file, atomic_file
 
 GradOf = Callable[[nn.Parameter], Tensor | None]
 
@@ -270,7 +270,7 @@ class NormTracker:
                                  "w2_grad_norm": grads[(side, i, "W2")],
                                  "h_sq_norm_per_d": h["sq_norm_per_d"], "h_mean_abs": h["mean_abs"],
                                  "h_var": h["var"], "h_max_abs": h["max_abs"]})
-            with open(self.path, "a", newline="", encoding="utf-8") as f:
+            with append_file(self.path) as f:
                 csv.DictWriter(f, fieldnames=TRACK_FIELDS).writerows(
                     {k: _fmt(v) for k, v in r.items()} for r in rows)
             if self.tb is not None:

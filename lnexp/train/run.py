@@ -87,20 +87,30 @@ def _job(cfg: DictConfig) -> None:
     except RunLocked as e:  # another process trains it: its files are not ours to touch
         _record_failure("user", str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
-    except UserError as e:
-        rundir.record_failure(run_dir, str(e))  # keeps the epochs/updates already recorded
-        _record_failure("user", str(e))
-        print(f"lnexp train: error: {e}", file=sys.stderr)
+    except (UserError, OSError) as e:
+        error = e if isinstance(e, UserError) else rundir.as_disk_error(e)
+        if error is None:
+            _crashed(run_dir, e)
+            return
+        rundir.record_failure(run_dir, str(error))  # keeps the epochs/updates already recorded
+        _record_failure("user", str(error))
+        print(f"lnexp train: error: {error}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
-        error_log = rundir.run_paths(run_dir)["error_log"]
-        try:
-            error_log.write_text(traceback.format_exc())
-        except OSError:
-            pass
-        rundir.record_failure(run_dir, _first_line(e))
-        _record_failure("crash", _first_line(e))
-        print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {error_log})",
-              file=sys.stderr)
+        _crashed(run_dir, e)
+
+
+def _crashed(run_dir: Path, e: Exception) -> None:
+    """A run that ended in an error lnexp did not foresee: the traceback goes to error.log."""
+    from lnexp import rundir
+
+    error_log = rundir.run_paths(run_dir)["error_log"]
+    try:
+        error_log.write_text(traceback.format_exc())
+    except OSError:
+        pass
+    rundir.record_failure(run_dir, _first_line(e))
+    _record_failure("crash", _first_line(e))
+    print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {error_log})", file=sys.stderr)
 
 
 def _record_failure(kind: str, message: str) -> None:

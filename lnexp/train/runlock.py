@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import UserError
-from lnexp.rundir import effective_status, process_alive, read_json, run_paths
+from lnexp.rundir import effective_status, process_started, read_json, run_paths, same_process
 
 log = logging.getLogger("lnexp.train")
 STARTUP_GRACE_S = 120.0  # on another host, a lock younger than this is live even without a heartbeat
@@ -28,17 +28,8 @@ class RunLocked(UserError):
     """Another process trains this run; the message names it and what to do."""
 
 
-def _started(pid: int) -> str | None:
-    """The process's start time (Linux /proc), so that a pid reused by another program after a
-    crash is not taken for the holder."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _me() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(), "started": _started(os.getpid()),
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": process_started(os.getpid()),
             "since": time.time()}
 
 
@@ -47,9 +38,7 @@ def holder_alive(holder: dict[str, Any], run_dir: Path) -> bool:
     another one, the run's heartbeat in status.json decides (after a start-up grace)."""
     pid = int(holder.get("pid") or 0)
     if holder.get("host") == socket.gethostname():
-        if pid <= 0 or not process_alive(pid):
-            return False
-        return holder.get("started") in (None, _started(pid))
+        return pid > 0 and same_process(pid, holder.get("started"))
     if time.time() - float(holder.get("since", 0)) < STARTUP_GRACE_S:
         return True
     status = read_json(run_paths(run_dir)["status"], {}) or {}

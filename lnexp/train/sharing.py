@@ -3,8 +3,9 @@
 By default torch takes every core, so two trainings side by side each run 7-9x slower (their
 OpenMP threads spin while they wait for cores that the other run holds). With ``threads=0`` (the
 default) a run takes its fair share instead: under a joblib sweep, cores / jobs; beside other
-lnexp trainings on this host, cores / trainings, re-checked every few seconds as runs start and
-end. Each training registers itself in a host-wide folder (``active_dir``) for as long as it runs.
+lnexp trainings on this host (a sweep's other jobs included), cores / trainings, re-checked every
+few seconds as runs start and end. Each training registers itself in a host-wide folder
+(``active_dir``) for as long as it runs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lnexp.rundir import process_alive
+from lnexp.rundir import process_started, same_process
 
 log = logging.getLogger("lnexp.train")
 ACTIVE_ENV = "LNEXP_ACTIVE_DIR"  # where trainings register (default: the temp folder's lnexp-active)
@@ -54,7 +55,7 @@ def others_on_host() -> int:
             continue
         if entry.get("host") != host or entry.get("pid") == me:
             continue
-        if process_alive(int(entry.get("pid", 0))):
+        if same_process(int(entry.get("pid", 0)), entry.get("started")):
             n += 1
         else:
             path.unlink(missing_ok=True)
@@ -91,7 +92,8 @@ def fair_share(others: int, jobs: int) -> tuple[int, str]:
         share, why = max(n // jobs, 1), f"{n} cores / {jobs} joblib jobs"
     if others and max(n // (others + 1), 1) < share:
         share = max(n // (others + 1), 1)
-        why = f"{n} cores shared with {others} other lnexp training(s) on this host"
+        why = f"{n} cores shared with {others} other lnexp training{'s' if others > 1 else ''} " \
+              "on this host"
     cap = omp_cap()
     if cap is not None and cap < share:
         share, why = cap, f"OMP_NUM_THREADS={cap}"
@@ -121,8 +123,9 @@ class Sharing:
                 os.chmod(self.entry.parent, 0o1777)  # a folder every user's runs can register in
             except OSError:
                 pass
-            self.entry.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                              "run": str(run_dir), "since": time.time()}))
+            self.entry.write_text(json.dumps({
+                "pid": os.getpid(), "host": socket.gethostname(), "run": str(run_dir),
+                "started": process_started(os.getpid()), "since": time.time()}))
         except OSError:  # no shared temp folder: the run still shares under a joblib sweep
             pass
 
@@ -141,7 +144,7 @@ class Sharing:
         if self.fixed or now < self.next_check:
             return
         self.next_check = now + REFRESH_S
-        threads, why = fair_share(others_on_host(), self.jobs)
+        threads, why = fair_share(others_on_host(), 1)  # the sweep's jobs have registered by now
         if threads != self.threads:
             self._set(threads, why)
 
@@ -165,4 +168,5 @@ def passive_wait_if_shared(argv: list[str]) -> str | None:
     if not joblib and not others:
         return None
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return "a joblib sweep" if joblib else f"{others} other lnexp training(s) on this host"
+    return "a joblib sweep" if joblib else \
+        f"{others} other lnexp training{'s' if others > 1 else ''} on this host"
