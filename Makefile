@@ -12,23 +12,42 @@ BIN         := $(VENV)/bin
 # The CPU wheel of torch is installed first so that no multi-GB CUDA build is pulled in.
 # GPU users: install a CUDA build of torch into $(VENV) first and run `make install TORCH_SPEC=`.
 TORCH_SPEC  ?= torch==2.13.0
+# Offline install beside a machine's own torch (docs/multi-gpu.md): `make wheelhouse` writes lnexp and
+# its dependencies except torch/torchaudio as wheels into WHEELS for Python PY on PLATFORM (HAVE: a
+# file of packages the target already has, left out); `make install WHEELS=dir` on the target makes
+# $(VENV) see the Python's own packages (its torch) and installs from the folder only (no index).
+WHEELS      ?=
+PY          ?= 3.12
+PLATFORM    ?= manylinux_2_28_x86_64
+HAVE        ?=
 SCALE       ?= mini
 LNEXP       := $(BIN)/lnexp
 STAMP       := $(VENV)/.installed
 
-.PHONY: install demo test lint fig2 fig3 fig4 atlas theory report figures bench clean-runs
+.PHONY: install wheelhouse demo test lint fig2 fig3 fig4 atlas theory report figures bench clean-runs
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "make install: no Python $(subst $() ,/,$(SUPPORTED)) found; install one (e.g. pyenv install 3.12) or give PYTHON=/path/to/python3.12" >&2; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null || { echo "make install: $(PYTHON) is not a Python 3.11 or 3.12 (what lnexp supports): give PYTHON=/path/to/python3.12" >&2; exit 2; }
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -z "$(WHEELS)" || test -f "$(WHEELS)/wheelhouse.json" || { echo "make install: WHEELS=$(WHEELS) holds no wheelhouse (wheelhouse.json): build one with make wheelhouse WHEELS=$(WHEELS)" >&2; exit 2; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(if $(WHEELS),--system-site-packages) $(VENV)
 	@echo "make install: $(VENV) uses Python $$($(BIN)/python -c 'import platform; print(platform.python_version())') (supported: 3.11, 3.12)"
+ifeq ($(WHEELS),)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(BIN)/python -m pip install -q "$(TORCH_SPEC)")
 	$(BIN)/python -m pip install -q -e ".[dev]"
+else
+	$(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_lnexp_base_env.pth"
+	$(BIN)/python -c 'import torch; print("make install: using the installed torch", torch.__version__)'
+	$(BIN)/python -m pip install -q --no-index --find-links "$(WHEELS)" -e ".[dev]"
+endif
 	touch $(STAMP)
+
+wheelhouse: install
+	$(BIN)/python scripts/wheelhouse.py --out $(or $(WHEELS),wheelhouse) \
+		--python-version $(PY) --platform $(PLATFORM) $(if $(HAVE),--have $(HAVE))
 
 demo: install
 	$(LNEXP) train max_epoch=2

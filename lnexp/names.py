@@ -10,6 +10,8 @@ PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in _PLACEMENT_DIR.glob("*.yaml")
 NORMS = ("layernorm", "rmsnorm", "dyt")
 SCHEDULES = ("inverse_sqrt", "constant", "step", "linear")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# configs/scale: mini (CPU, d=128), gpu (the paper's IWSLT model on Multi30k, one GPU), paper
+SCALES = ("mini", "gpu", "paper")
 
 # Sizes of each stack (encoder and decoder alike) of the registered architectures. The mini size is
 # lnexp's own and its fairseq architecture reads it from here; the other two are fairseq's

@@ -26,13 +26,14 @@ MIN_SEEDS = 3  # the contrast must hold on every seed, and there must be at leas
 GAP_BITS = 1.0  # valid loss, no warm-up minus warm-up, per seed (bits/token)
 BLEU_FRACTION = 1 / 3  # mean BLEU without warm-up <= this x mean BLEU with warm-up
 
-PAPER_WARMUP = {"mini": {0: "none", 13: "500", 100: "4000"}, "paper": {0: "none", 500: "500", 4000: "4000"}}
+PAPER_WARMUP = {"mini": {0: "none", 13: "500", 100: "4000"}, "gpu": {0: "none", 58: "500", 465: "4000"},
+                "paper": {0: "none", 500: "500", 4000: "4000"}}
 
 
 def _label(run: Run, scale: str) -> str:
     w = int(run.get("warmup"))
     paper = PAPER_WARMUP.get(scale, {}).get(w)
-    wl = "no warm-up" if w == 0 else f"warm-up {w}" + (f" (paper {paper})" if paper and scale == "mini"
+    wl = "no warm-up" if w == 0 else f"warm-up {w}" + (f" (paper {paper})" if paper and scale != "paper"
                                                        else "")
     return f"lr {run.get('lr'):g}, {wl}, seed {run.get('seed')}"
 

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.names import SCALES
 from lnexp.rundir import atomic_file, write_json
 
 
 def parser(name: str, description: str, runs_root_help: str) -> ArgumentParser:
     """The options both figures take: scale, output folder and stem, runs folder, config overrides."""
     p = ArgumentParser(prog=f"lnexp figure {name}", description=description)
-    p.add_argument("--scale", choices=("mini", "paper"), default="mini")
+    p.add_argument("--scale", choices=SCALES, default="mini")
     p.add_argument("--out", type=Path, default=Path("figures"))
     p.add_argument("--name", default=name, help="output file stem")
     p.add_argument("--runs-root", type=Path, default=Path("runs"), help=runs_root_help)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
-from lnexp.names import describe_arch
+from lnexp.names import SCALES, describe_arch
 from lnexp.rundir import read_json, run_paths, write_text
 
 SECTIONS = [
@@ -39,6 +39,9 @@ SCALE_TEXT = {
     "mini": (f"mini: {describe_arch('ln_transformer_mini')}, shared embeddings, label smoothing 0.1, "
              "dropout 0.1, 4096 tokens per batch (~130 updates per Multi30k epoch), greedy decoding "
              "for the per-epoch BLEU, CPU."),
+    "gpu": (f"gpu: the paper's IWSLT model ({describe_arch('ln_transformer_iwslt_de_en')}), 4096 tokens, "
+            "beam 5, on Multi30k (~128 updates per epoch; the paper's warm-ups 500/4000 -> 58/465 "
+            "updates, in epochs), one GPU."),
     "paper": ("paper: the paper's architectures and batches (IWSLT14: "
               f"{describe_arch('ln_transformer_iwslt_de_en')}, 4096 tokens, beam 5; WMT14: Transformer "
               f"base, {describe_arch('ln_transformer_wmt_en_de')}, 8192 tokens x 16), GPU."),
@@ -162,7 +165,7 @@ def data_line(runs_root: Path, scale: str) -> str:
             return (f"{data.get('name')} {data.get('src')}-{data.get('tgt')} ({data.get('subword')}, "
                     f"{sizes or 'sizes not recorded'})")
     return ("Multi30k de-en (shipped in data/multi30k: 29,000 train / 1,014 valid / 1,000 test pairs)"
-            if scale == "mini" else "IWSLT14 de-en and WMT14 en-de (prepared with lnexp prepare)")
+            if scale in ("mini", "gpu") else "IWSLT14 de-en and WMT14 en-de (prepared with lnexp prepare)")
 
 
 def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
@@ -342,7 +345,7 @@ def update_readme(path: Path, figures: Path, scale: str) -> bool:
 
 def main(argv: list[str]) -> int:
     ap = ArgumentParser(prog="lnexp figure report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scale", default="mini", choices=("mini", "paper"))
+    ap.add_argument("--scale", default="mini", choices=SCALES)
     ap.add_argument("--figures", default="figures", type=Path, help="where the figures are")
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (data sizes)")
     ap.add_argument("--out", default="report", type=Path, help="report folder (README.md goes there)")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.names import SCALES
 from lnexp.results import Run, collect_runs
 from lnexp.rundir import atomic_file, write_json
 
@@ -27,7 +28,7 @@ SUMMARY_FIELDS = ("experiment", "run", "placement", "optimizer", "lr", "warmup",
 
 def parser(name: str, description: str) -> ArgumentParser:
     ap = ArgumentParser(prog=f"lnexp figure {name}", description=description)
-    ap.add_argument("--scale", default="mini", choices=("mini", "paper"),
+    ap.add_argument("--scale", default="mini", choices=SCALES,
                     help=f"which experiment's runs to draw (experiment={name}_SCALE)")
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (default: runs)")
     ap.add_argument("--out", default="figures", type=Path, help="output folder (default: figures)")
