@@ -209,6 +209,17 @@ def test_init_scales_fairseqs_draws_by_the_papers_gain(tiny_task, placement):
     assert checked >= 4 * N + 6 * M  # fc1, fc2 and per attention v, out: every layer
 
 
+def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
+    """settings.stock_flags: a Pre-LN run is stock fairseq's only with pre_ln.yaml unchanged."""
+    from lnexp.config import compose
+    from lnexp.train.settings import fairseq_flags, stock_flags
+
+    base = ["placement=pre_ln", "schedule=inverse_sqrt", "warmup=100"]
+    assert stock_flags(fairseq_flags(compose(base), device="cpu")) is not None
+    for extra in ("placement.qk_norm=true", "norm=rmsnorm", "norm.eps=1e-6"):
+        assert stock_flags(fairseq_flags(compose([*base, extra]), device="cpu")) is None, extra
+
+
 def test_qk_norm_is_a_switch_of_any_placement(tiny_task):
     """placement=NAME placement.qk_norm=true: one norm per head-projection, nothing else changes."""
     from dataclasses import replace
