@@ -132,6 +132,11 @@ class Placement:
 
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
+        flags = ("branch_gate", "qk_norm", "v_norm", "head_scale", "final_norm", "embed_norm", *SWITCHES)
+        for key in flags:
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "
+                                 f"e.g. placement.{key}=true")
         if self.structure not in STRUCTURES:
             raise ValueError(f"{where}: structure={self.structure!r} is not one of {', '.join(STRUCTURES)}")
         for key in ("input_norm_scale", "residual_weight"):
@@ -222,6 +227,13 @@ class Norm:
 
         if self.name not in NORMS:
             raise ValueError(f"norm={self.name} is not one of {', '.join(NORMS)}")
+        for key in ("eps", "alpha0"):
+            value = getattr(self, key)
+            if value is None and key == "eps":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"norm.{key}={value!r} must be a number > 0: e.g. norm.{key}="
+                                 f"{'1e-5' if key == 'eps' else '0.5'}")
 
     @classmethod
     def from_config(cls, node: Any) -> Norm:

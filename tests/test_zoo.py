@@ -220,6 +220,23 @@ def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
         assert stock_flags(fairseq_flags(compose([*base, extra]), device="cpu")) is None, extra
 
 
+@pytest.mark.parametrize("override,needle", [
+    ("norm.alpha0=abc", "norm.alpha0='abc' must be a number > 0"),
+    ("placement.qk_norm=yes", "qk_norm='yes' must be true or false"),
+    ("placement.residual_weight=alpha", "must be a number or one of deepnorm_alpha"),
+    ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t"),
+    ("placement.first_layers={fraction:2}", "first_layers takes fraction (0..1)"),
+    ("placement.sublayers={mlp:{sum_norm:true}}", "sublayers takes attention and ffn"),
+])
+def test_bad_scheme_keys_are_one_line_config_errors(override, needle):
+    from lnexp.config import compose
+    from lnexp.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        compose(["norm=dyt", override])
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
 def test_qk_norm_is_a_switch_of_any_placement(tiny_task):
     """placement=NAME placement.qk_norm=true: one norm per head-projection, nothing else changes."""
     from dataclasses import replace
