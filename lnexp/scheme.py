@@ -214,12 +214,15 @@ def _check_value(where: str, key: str, value: Any) -> None:
         raise ValueError(f"{where}: {key}={value!r} must be a number or one of {', '.join(FORMULAS)}")
 
 
+_DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6}
+
+
 @dataclass(frozen=True)
 class Norm:
     """A norm group's settings (configs/norm/NAME.yaml)."""
 
     name: str = "layernorm"
-    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6)
+    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6; DyT none)
     alpha0: float = 0.5  # DyT's initial alpha
 
     def __post_init__(self) -> None:
@@ -227,6 +230,8 @@ class Norm:
 
         if self.name not in NORMS:
             raise ValueError(f"norm={self.name} is not one of {', '.join(NORMS)}")
+        if self.eps is None and self.name in _DEFAULT_EPS:  # so that equal norms compare equal
+            object.__setattr__(self, "eps", _DEFAULT_EPS[self.name])
         for key in ("eps", "alpha0"):
             value = getattr(self, key)
             if value is None and key == "eps":
@@ -275,6 +280,18 @@ def placement_of(args: Any) -> Placement:
 
         placement = replace(placement, embed_norm=True)
     return placement
+
+
+def placement_of_run(node: Any) -> Placement:
+    """The placement of a run's saved config (run.json): its structure, or, in a run written before
+    placements were data (only name, embed_norm, recipe), its YAML's."""
+    data = dict(node)
+    if set(data) <= {"name", "embed_norm", "recipe"}:
+        from types import SimpleNamespace
+
+        return placement_of(SimpleNamespace(placement=data.get("name"),
+                                            embed_norm=data.get("embed_norm", False)))
+    return Placement.from_config(data)
 
 
 def norm_of(args: Any) -> Norm:

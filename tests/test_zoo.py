@@ -320,3 +320,25 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == Path(record[record["fairseq_output"]]).read_text().splitlines()
+
+
+def test_probes_with_model_brings_the_placements_structure(tiny_task):
+    """fig3/theory swap placements in a built config by name: the YAML's structure comes along."""
+    from types import SimpleNamespace
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from lnexp.probes import with_model
+
+    base = SimpleNamespace(model=tiny_args("ln_transformer", placement="post_ln",
+                                           placement_spec=build_spec("post_ln")))
+    model = ARCH_MODEL_REGISTRY["ln_transformer"].build_model(
+        with_model(base, placement="peri_ln").model, tiny_task)
+    assert model.encoder.layers[0].spec.output_norm and model.encoder.layer_norm is not None
+
+
+def build_spec(placement: str) -> str:
+    from lnexp.scheme import placement_of
+    from lnexp.train.settings import SimpleNamespace
+
+    return placement_of(SimpleNamespace(placement=placement)).to_json()
