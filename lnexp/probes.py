@@ -141,9 +141,17 @@ def fairseq_config(cfg, data, arch: str | None = None, **flags):
 
 
 def with_model(fcfg, **model):
-    """A copy of a fairseq config with model fields replaced (placement, residual_scale, layers)."""
-    import copy
+    """A copy of a fairseq config with model fields replaced (placement, residual_scale, layers).
 
+    A placement given by name brings its YAML's structure along (``placement_spec``, which the
+    model reads first)."""
+    import copy
+    from types import SimpleNamespace
+
+    from lnexp.scheme import placement_of
+
+    if "placement" in model and "placement_spec" not in model:
+        model["placement_spec"] = placement_of(SimpleNamespace(placement=model["placement"])).to_json()
     out = copy.deepcopy(fcfg)
     for k, v in model.items():
         setattr(out.model, k, v)

@@ -49,6 +49,10 @@ FORMULAS: dict[str, Callable[[str, int, int, int], float]] = {
     "deepnorm_beta": lambda s, layer, n, m: deepnorm_constants(n, m)[s][1],
     "inv_sqrt_layer": lambda s, layer, n, m: 1 / math.sqrt(layer),  # LayerNorm Scaling's 1/sqrt(l)
     "t_fixup": lambda s, layer, n, m: t_fixup_gain(s, n, m),
+    # Magneto / Sub-LN, encoder-decoder (Wang et al. 2022, arXiv 2210.06423; torchscale subln):
+    # encoder sqrt(log(3M) log(2N) / 3), decoder sqrt(log(3M))
+    "subln_gain": lambda s, layer, n, m: math.sqrt(math.log(3 * m) * math.log(2 * n) / 3)
+    if s == "encoder" else math.sqrt(math.log(3 * m)),
     # T-Fixup scales the (shared) embeddings with the decoder's factor (9M)^-1/4
     "t_fixup_embed": lambda s, layer, n, m: (9 * m) ** -0.25,
 }
@@ -88,7 +92,8 @@ STRUCTURES: dict[str, Callable[[list[Step], Any], Any]] = {
 }
 MATRICES = ("fc1", "fc2", "q_proj", "k_proj", "v_proj", "out_proj")
 DRAWS = ("fairseq", "xavier_normal")
-SWITCHES = ("input_norm", "output_norm", "sum_norm")
+SWITCHES = ("input_norm", "output_norm", "sum_norm", "inner_norm")
+SUBLAYERS = ("attention", "ffn")
 
 
 @dataclass(frozen=True)
@@ -112,17 +117,26 @@ class Placement:
     input_norm: bool = False  # F(Norm(x))
     output_norm: bool = False  # Norm(F(.))
     sum_norm: bool = True  # Norm(x + F)
+    inner_norm: bool = False  # Sub-LN: a norm inside F before its output projection
     input_norm_scale: float | str = 1.0  # multiplies the input norm's output (LayerNorm Scaling)
     residual_weight: float | str = 1.0  # multiplies x in the sum (DeepNorm's alpha)
     branch_gate: bool = False  # ReZero: a learnable scalar, 0 at init, multiplies the branch
     qk_norm: bool = False  # queries and keys normalised per head before their dot product
+    v_norm: bool = False  # values normalised per head too (HybridNorm's QKV-norm)
+    head_scale: bool = False  # NormFormer: a learnable scale per head before the output projection
     final_norm: bool = False  # a norm on each stack's output
     embed_norm: bool = False  # a norm on the embeddings
+    sublayers: dict[str, dict[str, bool]] | None = None  # {attention|ffn: {switch: value}}
     first_layers: dict[str, Any] | None = None  # {fraction: a, switch: value...}: layers l <= floor(a L)
     init: Init = field(default_factory=Init)
 
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
+        flags = ("branch_gate", "qk_norm", "v_norm", "head_scale", "final_norm", "embed_norm", *SWITCHES)
+        for key in flags:
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "
+                                 f"e.g. placement.{key}=true")
         if self.structure not in STRUCTURES:
             raise ValueError(f"{where}: structure={self.structure!r} is not one of {', '.join(STRUCTURES)}")
         for key in ("input_norm_scale", "residual_weight"):
@@ -140,28 +154,30 @@ class Placement:
             if extra or not isinstance(frac, int | float) or not 0 <= frac <= 1:
                 raise ValueError(f"{where}: first_layers takes fraction (0..1) and "
                                  f"{', '.join(SWITCHES)}; got {dict(self.first_layers)}")
-        for switches in (self._switches(), {**self._switches(), **self._first_switches()}):
-            if switches["input_norm"] and switches["sum_norm"]:
-                raise ValueError(f"{where}: input_norm and sum_norm share one norm per sub-layer; "
-                                 "set one of them false")
+        for kind, over in (self.sublayers or {}).items():
+            if kind not in SUBLAYERS or set(over) - set(SWITCHES):
+                raise ValueError(f"{where}: sublayers takes {' and '.join(SUBLAYERS)}, each with "
+                                 f"{', '.join(SWITCHES)}; got {dict(self.sublayers or {})}")
+        for kind in SUBLAYERS:
+            for first in (False, True):
+                switches = self._resolve(kind, first)
+                if switches["input_norm"] and switches["sum_norm"]:
+                    raise ValueError(f"{where}: input_norm and sum_norm share one norm per "
+                                     "sub-layer; set one of them false")
 
-    def _switches(self) -> dict[str, bool]:
-        return {k: bool(getattr(self, k)) for k in SWITCHES}
-
-    def _first_switches(self) -> dict[str, bool]:
-        return {k: bool(v) for k, v in (self.first_layers or {}).items() if k in SWITCHES}
-
-    def switches(self, layer: int, n_layers: int) -> dict[str, bool]:
-        """input/output/sum norm of 1-based layer ``layer`` of an ``n_layers`` stack (Mix-LN's rule)."""
-        s = self._switches()
-        if self.first_layers is not None and layer <= math.floor(self.first_layers["fraction"] * n_layers):
-            s.update(self._first_switches())
+    def _resolve(self, kind: str, first: bool) -> dict[str, bool]:
+        s = {k: bool(getattr(self, k)) for k in SWITCHES}
+        s.update({k: bool(v) for k, v in (self.sublayers or {}).get(kind, {}).items()})
+        if first:
+            s.update({k: bool(v) for k, v in (self.first_layers or {}).items() if k in SWITCHES})
         return s
 
-    @property
-    def has_layer_norms(self) -> bool:
-        """Whether any layer has a norm of its own (ReZero and T-Fixup have none)."""
-        return any(self._switches().values()) or any(self._first_switches().values())
+    def switches(self, layer: int, n_layers: int, sublayer: str = "attention") -> dict[str, bool]:
+        """The norm switches of one sub-layer kind (attention or ffn) of 1-based layer ``layer`` of
+        an ``n_layers`` stack: the scheme's, then its ``sublayers`` entry, then Mix-LN's rule."""
+        first = self.first_layers is not None and \
+            layer <= math.floor(self.first_layers["fraction"] * n_layers)
+        return self._resolve(sublayer, first)
 
     @classmethod
     def from_config(cls, node: Any) -> Placement:
@@ -198,12 +214,15 @@ def _check_value(where: str, key: str, value: Any) -> None:
         raise ValueError(f"{where}: {key}={value!r} must be a number or one of {', '.join(FORMULAS)}")
 
 
+_DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6}
+
+
 @dataclass(frozen=True)
 class Norm:
     """A norm group's settings (configs/norm/NAME.yaml)."""
 
     name: str = "layernorm"
-    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6)
+    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6; DyT none)
     alpha0: float = 0.5  # DyT's initial alpha
 
     def __post_init__(self) -> None:
@@ -211,6 +230,15 @@ class Norm:
 
         if self.name not in NORMS:
             raise ValueError(f"norm={self.name} is not one of {', '.join(NORMS)}")
+        if self.eps is None and self.name in _DEFAULT_EPS:  # so that equal norms compare equal
+            object.__setattr__(self, "eps", _DEFAULT_EPS[self.name])
+        for key in ("eps", "alpha0"):
+            value = getattr(self, key)
+            if value is None and key == "eps":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"norm.{key}={value!r} must be a number > 0: e.g. norm.{key}="
+                                 f"{'1e-5' if key == 'eps' else '0.5'}")
 
     @classmethod
     def from_config(cls, node: Any) -> Norm:
@@ -252,6 +280,18 @@ def placement_of(args: Any) -> Placement:
 
         placement = replace(placement, embed_norm=True)
     return placement
+
+
+def placement_of_run(node: Any) -> Placement:
+    """The placement of a run's saved config (run.json): its structure, or, in a run written before
+    placements were data (only name, embed_norm, recipe), its YAML's."""
+    data = dict(node)
+    if set(data) <= {"name", "embed_norm", "recipe"}:
+        from types import SimpleNamespace
+
+        return placement_of(SimpleNamespace(placement=data.get("name"),
+                                            embed_norm=data.get("embed_norm", False)))
+    return Placement.from_config(data)
 
 
 def norm_of(args: Any) -> Norm:

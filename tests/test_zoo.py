@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from tests.conftest import tiny_args
 
-ZOO = ("sandwich_ln", "olmo2", "qk_norm", "ln_scaling", "mix_ln", "rezero", "b2t", "t_fixup")
+ZOO = ("sandwich_ln", "olmo2", "qk_norm", "ln_scaling", "mix_ln", "rezero", "b2t", "t_fixup",
+       "sub_ln", "normformer", "hybridnorm")
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
 
@@ -43,7 +44,8 @@ def norm(mod, x):
 
 
 def attention(attn, x, mem, causal: bool):
-    """Multi-head attention of T x B x d states; per-head QK-norm where the module has one."""
+    """Multi-head attention of T x B x d states; per-head Q/K/V norms, an inner norm and head
+    scales before the output projection where the module has them."""
     t, b, d = x.shape
     h = attn.num_heads
 
@@ -54,10 +56,18 @@ def attention(attn, x, mem, causal: bool):
                ((x, attn.q_proj), (mem, attn.k_proj), (mem, attn.v_proj)))
     if hasattr(attn, "q_norm"):
         q, k = norm(attn.q_norm.norm, q), norm(attn.k_norm.norm, k)
+    if hasattr(attn, "v_norm"):
+        v = norm(attn.v_norm.norm, v)
     scores = q @ k.transpose(-1, -2) / math.sqrt(d // h)
     if causal:
         scores = scores + torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
-    out = (scores.softmax(-1) @ v).permute(2, 0, 1, 3).reshape(t, b, d)
+    heads_out = scores.softmax(-1) @ v  # B H T dh
+    before = getattr(attn, "before_out_proj", None)
+    if before is not None and before.head_scale is not None:  # NormFormer: gamma_h per head
+        heads_out = heads_out * before.head_scale[None, :, None, None]
+    out = heads_out.permute(2, 0, 1, 3).reshape(t, b, d)
+    if before is not None and before.norm is not None:  # Sub-LN: LN before W_out
+        out = norm(before.norm, out)
     return F.linear(out, attn.out_proj.weight, attn.out_proj.bias)
 
 
@@ -66,8 +76,13 @@ def sublayers(layer, mem=None):
     subs = [("self_attn", lambda x: attention(layer.self_attn, x, x, causal=mem is not None))]
     if mem is not None:
         subs.append(("encoder_attn", lambda x: attention(layer.encoder_attn, x, mem, causal=False)))
-    subs.append(("final", lambda x: F.linear(F.relu(F.linear(x, layer.fc1.weight, layer.fc1.bias)),
-                                            layer.fc2.weight, layer.fc2.bias)))
+    def ffn(x):
+        h = F.relu(F.linear(x, layer.fc1.weight, layer.fc1.bias))
+        if layer.final_inner_norm is not None:  # Sub-LN, NormFormer: LN before W_2
+            h = norm(layer.final_inner_norm, h)
+        return F.linear(h, layer.fc2.weight, layer.fc2.bias)
+
+    subs.append(("final", ffn))
     return subs
 
 
@@ -98,6 +113,12 @@ def reference(placement: str, layer, depth: int, x, mem=None):
             x = n(name)(x + f(x) + (x0 if i == len(subs) - 1 else 0))
         elif placement == "t_fixup":            # no norm
             x = x + f(x)
+        elif placement == "sub_ln":             # x + W_out LN(G(LN(x))), G's inner norm in f
+            x = x + f(n(name)(x))
+        elif placement == "normformer":         # attention: x + LN(Attn_hs(LN x)); FFN: Sub-LN's
+            x = x + (f(n(name)(x)) if name == "final" else out(name)(f(n(name)(x))))
+        elif placement == "hybridnorm":         # x + Attn(QKV-norm)(x); Norm(x + FFN(x))
+            x = n(name)(x + f(x)) if name == "final" else x + f(x)
         else:
             raise AssertionError(placement)
     return x
@@ -107,12 +128,14 @@ def reference(placement: str, layer, depth: int, x, mem=None):
 def zoo_models(tiny_task):
     models = {p: build(tiny_task, p).double().eval() for p in ZOO}
     models["dyt"] = build(tiny_task, "pre_ln", norm="dyt").double().eval()
-    with torch.no_grad():  # move ReZero's gates off 0 so that its formula is tested, not the identity
-        for i, layer in enumerate([*models["rezero"].encoder.layers, *models["rezero"].decoder.layers]):
-            for name in ("self_attn", "encoder_attn", "final"):
-                gate = getattr(layer, f"{name}_gate", None)
-                if gate is not None:
-                    gate.fill_(0.3 + 0.1 * i)
+    # Move every parameter that starts at a constant (norm gains and biases, ReZero's gates,
+    # NormFormer's head scales) off it, so that the formulas test where each one sits.
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for model in models.values():
+            for name, p in model.named_parameters():
+                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha")):
+                    p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype) + 0.1)
     return models
 
 
@@ -132,15 +155,16 @@ def test_layers_compute_the_papers_formula(zoo_models, placement):
         torch.testing.assert_close(got, reference(placement, dec, depth, x, mem), rtol=1e-6, atol=1e-6)
 
 
-def test_dyt_replaces_every_norm(zoo_models):
+def test_dyt_replaces_every_norm(tiny_task, zoo_models):
     from lnexp.model.norms import DyT
 
+    fresh = [m for m in build(tiny_task, "pre_ln", norm="dyt").modules() if isinstance(m, DyT)]
+    assert fresh and all(m.alpha.item() == 0.5 for m in fresh)  # norm.alpha0 of configs/norm/dyt.yaml
     model = zoo_models["dyt"]
     dyts = [m for m in model.modules() if isinstance(m, DyT)]
     # 2 per encoder layer, 3 per decoder layer, the two final norms
     assert len(dyts) == LAYERS * 5 + 2
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
-    assert all(m.alpha.item() == 0.5 for m in dyts)  # norm.alpha0 of configs/norm/dyt.yaml
     x = torch.randn(5, 2, 16, dtype=torch.float64)
     layer = model.encoder.layers[0]
     ref = x + sublayers(layer)[0][1](norm(layer.self_attn_layer_norm, x))
@@ -148,25 +172,69 @@ def test_dyt_replaces_every_norm(zoo_models):
     torch.testing.assert_close(layer(x, None), ref, rtol=1e-10, atol=1e-10)
 
 
-def test_norm_free_schemes_have_no_norms_and_their_init(tiny_task, zoo_models):
+def test_norm_free_schemes_have_no_norms_and_rezero_starts_at_the_identity(tiny_task, zoo_models):
     for p in ("rezero", "t_fixup"):
         names = [n for n, m in zoo_models[p].named_modules()
                  if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm)]
         assert names == [], (p, names)
     gates = [p for n, p in build(tiny_task, "rezero").named_parameters() if n.endswith("_gate")]
     assert len(gates) == LAYERS * 5 and all(g.item() == 0 for g in gates)  # ReZero: alpha = 0 at init
-    # T-Fixup (Alg. 1): fairseq's Xavier draws (the same as Post-LN's with one seed), then value,
-    # output and FFN weights times 0.67 N^-1/4 (encoder) / (9M)^-1/4 (decoder), embeddings (9M)^-1/4.
-    fix, base = build(tiny_task, "t_fixup", seed=3), build(tiny_task, "post_ln", seed=3)
-    s_fix, s_base = fix.state_dict(), base.state_dict()
-    enc, dec = 0.67 * LAYERS ** -0.25, (9 * LAYERS) ** -0.25
-    for key, value in s_fix.items():
+
+
+N = M = LAYERS
+GAINS = {  # (encoder, decoder, embeddings) factors on fairseq's draws, from each paper
+    "t_fixup": (0.67 * N ** -0.25, (9 * M) ** -0.25, (9 * M) ** -0.25),  # Huang et al. 2020, Alg. 1
+    "sub_ln": (math.sqrt(math.log(3 * M) * math.log(2 * N) / 3), math.sqrt(math.log(3 * M)), 1.0),
+}
+
+
+@pytest.mark.parametrize("placement", sorted(GAINS))
+def test_init_scales_fairseqs_draws_by_the_papers_gain(tiny_task, placement):
+    """fairseq's Xavier draws (the same as Post-LN's at one seed), then value, output and FFN weights
+    times the paper's encoder/decoder factor, the (shared) embeddings times its embedding factor."""
+    ours, base = build(tiny_task, placement, seed=3), build(tiny_task, "post_ln", seed=3)
+    s_base = base.state_dict()
+    enc, dec, emb = GAINS[placement]
+    checked = 0
+    for key, value in ours.state_dict().items():
+        if key not in s_base:  # the scheme's own norms (Sub-LN's inner ones): gain 1, bias 0
+            continue
         gain = 1.0
         if any(m in key for m in ("fc1.weight", "fc2.weight", "v_proj.weight", "out_proj.weight")):
             gain = enc if key.startswith("encoder.") else dec
         if "embed_tokens" in key or key == "decoder.output_projection.weight":
-            gain = dec
+            gain = emb
         torch.testing.assert_close(value, s_base[key] * gain, rtol=1e-6, atol=0, msg=key)
+        checked += gain != 1.0
+    assert checked >= 4 * N + 6 * M  # fc1, fc2 and per attention v, out: every layer
+
+
+def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
+    """settings.stock_flags: a Pre-LN run is stock fairseq's only with pre_ln.yaml unchanged."""
+    from lnexp.config import compose
+    from lnexp.train.settings import fairseq_flags, stock_flags
+
+    base = ["placement=pre_ln", "schedule=inverse_sqrt", "warmup=100"]
+    assert stock_flags(fairseq_flags(compose(base), device="cpu")) is not None
+    for extra in ("placement.qk_norm=true", "norm=rmsnorm", "norm.eps=1e-6"):
+        assert stock_flags(fairseq_flags(compose([*base, extra]), device="cpu")) is None, extra
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("norm.alpha0=abc", "norm.alpha0='abc' must be a number > 0"),
+    ("placement.qk_norm=yes", "qk_norm='yes' must be true or false"),
+    ("placement.residual_weight=alpha", "must be a number or one of deepnorm_alpha"),
+    ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t"),
+    ("placement.first_layers={fraction:2}", "first_layers takes fraction (0..1)"),
+    ("placement.sublayers={mlp:{sum_norm:true}}", "sublayers takes attention and ffn"),
+])
+def test_bad_scheme_keys_are_one_line_config_errors(override, needle):
+    from lnexp.config import compose
+    from lnexp.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        compose(["norm=dyt", override])
+    assert needle in str(e.value) and "\n" not in str(e.value)
 
 
 def test_qk_norm_is_a_switch_of_any_placement(tiny_task):
@@ -208,3 +276,69 @@ def test_gradients_reach_embeddings_and_incremental_decoding_equals_full(zoo_mod
     steps = [model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
              for t in range(prev.shape[1])]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-6, atol=1e-6)  # float32 softmax
+
+
+def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, small_multi30k, capsys,
+                                                                   monkeypatch):
+    """One 2-update run of the zoo's most structured combination (Mix-LN's per-layer rule, QK-norm's
+    hooks, the DyT norm group) through lnexp train, evaluate, translate and stock fairseq-generate
+    with lnexp's --user-dir plugin (the checkpoint carries the placement and norm as JSON)."""
+    import io
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lnexp import config
+    from lnexp.cli import main
+    from lnexp.train.loop import train_run
+    from tests.conftest import REPO
+
+    # the session corpus's shared cache (tests/test_precision.py): prepared once per session
+    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    cfg = config.compose([
+        "placement=mix_ln", "placement.qk_norm=true", "norm=dyt", "norm.alpha0=0.7",
+        f"dataset.dir={small_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=512",
+        "depth.encoder_layers=4", "depth.decoder_layers=4", "max_update=2", "eval.subset=4",
+        "eval.beam=2", "divergence.plateau_epoch=99"])
+    run = tmp_path / "run"
+    assert train_run(cfg, run)["status"] == "done"
+    flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
+    assert json.loads(flags["placement_spec"])["first_layers"]["fraction"] == 0.25
+    assert json.loads(flags["norm_spec"]) == {"name": "dyt", "alpha0": 0.7, "eps": None}
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--json", "--beam", "2"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["n"] > 0 and record["bleu"] >= 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Ein Hund läuft .\n"))
+    assert main(["translate", str(run), "--beam", "2"]) == 0
+    assert capsys.readouterr().out.strip()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", record["fairseq_command"]],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == Path(record[record["fairseq_output"]]).read_text().splitlines()
+
+
+def test_probes_with_model_brings_the_placements_structure(tiny_task):
+    """fig3/theory swap placements in a built config by name: the YAML's structure comes along."""
+    from types import SimpleNamespace
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from lnexp.probes import with_model
+
+    base = SimpleNamespace(model=tiny_args("ln_transformer", placement="post_ln",
+                                           placement_spec=build_spec("post_ln")))
+    model = ARCH_MODEL_REGISTRY["ln_transformer"].build_model(
+        with_model(base, placement="peri_ln").model, tiny_task)
+    assert model.encoder.layers[0].spec.output_norm and model.encoder.layer_norm is not None
+
+
+def build_spec(placement: str) -> str:
+    from lnexp.scheme import placement_of
+    from lnexp.train.settings import SimpleNamespace
+
+    return placement_of(SimpleNamespace(placement=placement)).to_json()

@@ -212,7 +212,10 @@ def _label(placement: str, dt: float) -> str:
 
 def _finished_runs(root: Path, cfg) -> dict[tuple[str, float], list[tuple[int, Path]]]:
     """Finished (not diverged) runs under ``root`` with the same model size, depth, norm and data."""
+    from types import SimpleNamespace
+
     from lnexp.rundir import RUN, read_json, run_paths
+    from lnexp.scheme import Norm, placement_of, placement_of_run
 
     found: dict[tuple[str, float], list[tuple[int, Path]]] = defaultdict(list)
     if not root.is_dir():
@@ -223,11 +226,14 @@ def _finished_runs(root: Path, cfg) -> dict[tuple[str, float], list[tuple[int, P
         c = run.get("config") or {}
         ckpt = run_paths(run_json.parent)["last"]
         try:
-            same = (c["scale"]["arch"] == cfg.scale.arch and c["norm"] == cfg.norm
+            name = c["placement"]["name"]
+            same = (c["scale"]["arch"] == cfg.scale.arch
+                    and Norm.from_config(c["norm"]) == Norm.from_config(cfg.norm)
                     and c["depth"] == dict(cfg.depth) and c["dataset"] == dict(cfg.dataset)
-                    and not c["placement"].get("embed_norm"))
-            key = (c["placement"]["name"], float(c["residual_scale"]))
-        except (KeyError, TypeError, AttributeError):
+                    # the placement's YAML as written (no embedding norm, no switch overridden)
+                    and placement_of_run(c["placement"]) == placement_of(SimpleNamespace(placement=name)))
+            key = (name, float(c["residual_scale"]))
+        except (KeyError, TypeError, AttributeError, ValueError):
             continue
         if same and status.get("status") == "done" and ckpt.is_file():
             found[key].append((int(status.get("updates") or 0), run_json.parent))

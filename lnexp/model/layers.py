@@ -22,11 +22,12 @@ from lnexp.model.placement import ResidualSpec, init_layer_, residual_step
 from lnexp.scheme import STRUCTURES, Norm
 
 
-def _install_norms(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec, norm: Norm) -> None:
-    """For each sub-layer: its main norm (input or sum), its output norm and its gate, as ``spec``
+def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None:
+    """For each sub-layer: its main norm (input or sum), its output norm and its gate, as its spec
     says; fairseq's own LayerNorm module is kept where it is the configured norm."""
     dim = layer.embed_dim
     for name in names:
+        spec = layer.spec_of(name.replace("_layer_norm", ""))
         if not spec.has_norm:
             setattr(layer, name, None)
         elif not is_fairseq_layernorm(norm):
@@ -35,6 +36,8 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec,
                 make_norm(norm, dim) if spec.output_norm else None)
         setattr(layer, name.replace("layer_norm", "gate"),
                 nn.Parameter(torch.zeros(1)) if spec.gate else None)
+    ffn = layer.spec_of("final")
+    layer.final_inner_norm = make_norm(norm, layer.fc1.out_features) if ffn.inner_norm else None
 
 
 class _HeadNorm(nn.Module):
@@ -54,25 +57,57 @@ class _HeadNorm(nn.Module):
         return self(output)
 
 
-def _install_qk_norm(attn: nn.Module, norm: Norm) -> None:
-    """Normalise each head's queries and keys as they leave q_proj/k_proj (before fairseq's
-    1/sqrt(d_head) scaling and the dot product). torch's fused attention path reads the projection
-    weights directly, so it is switched off for this module."""
-    attn.q_norm = _HeadNorm(norm, attn.num_heads, attn.head_dim)
-    attn.k_norm = _HeadNorm(norm, attn.num_heads, attn.head_dim)
-    attn.q_proj.register_forward_hook(attn.q_norm.hook)
-    attn.k_proj.register_forward_hook(attn.k_norm.hook)
-    attn.skip_embed_dim_check = True  # fairseq's switch for its unfused path
+class _BeforeOutProj(nn.Module):
+    """What a placement does to the heads' concatenated output before out_proj: Sub-LN's inner
+    norm, then NormFormer's per-head scale (the paper's place; fairseq's --scale-heads sits after)."""
+
+    def __init__(self, norm: Norm | None, heads: int, head_dim: int, head_scale: bool) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.norm = make_norm(norm, heads * head_dim) if norm is not None else None
+        self.head_scale = nn.Parameter(torch.ones(heads)) if head_scale else None
+
+    def forward(self, y: Tensor) -> Tensor:
+        if self.norm is not None:
+            y = self.norm(y)
+        if self.head_scale is not None:
+            shape = y.shape
+            y = (y.reshape(*shape[:-1], self.heads, self.head_dim) * self.head_scale[:, None]).reshape(shape)
+        return y
+
+    def hook(self, module: nn.Module, inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        return (self(inputs[0]), *inputs[1:])
 
 
-def _set_up(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec, norm: Norm,
-            attns: list[nn.Module]) -> None:
+def _install_attention_parts(attn: nn.Module, spec: ResidualSpec, norm: Norm) -> None:
+    """QK(V)-norm on each head's queries, keys (and values) as they leave their projections (before
+    fairseq's 1/sqrt(d_head) scaling), Sub-LN's inner norm and NormFormer's head scale before
+    out_proj. torch's fused attention path reads the projection weights directly, so it is
+    switched off for a module that has any of these."""
+    heads, head_dim = attn.num_heads, attn.head_dim
+    hooked = False
+    for proj, on in (("q", spec.qk_norm), ("k", spec.qk_norm), ("v", spec.v_norm)):
+        if on:
+            setattr(attn, f"{proj}_norm", _HeadNorm(norm, heads, head_dim))
+            getattr(attn, f"{proj}_proj").register_forward_hook(getattr(attn, f"{proj}_norm").hook)
+            hooked = True
+    if spec.inner_norm or spec.head_scale:
+        attn.before_out_proj = _BeforeOutProj(norm if spec.inner_norm else None, heads, head_dim,
+                                              spec.head_scale)
+        attn.out_proj.register_forward_pre_hook(attn.before_out_proj.hook)
+        hooked = True
+    if hooked:
+        attn.skip_embed_dim_check = True  # fairseq's switch for its unfused path
+
+
+def _set_up(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec,
+            ffn_spec: ResidualSpec | None, norm: Norm, attns: list[nn.Module]) -> None:
     layer.spec = spec
-    _install_norms(layer, names, spec, norm)
+    layer.ffn_spec = ffn_spec if ffn_spec != spec else None
+    _install_norms(layer, names, norm)
     init_layer_(spec, {"fc1": layer.fc1, "fc2": layer.fc2}, *attns)
-    if spec.qk_norm:
-        for attn in attns:
-            _install_qk_norm(attn, norm)
+    for attn in attns:
+        _install_attention_parts(attn, spec, norm)
 
 
 class _Steps:
@@ -80,10 +115,17 @@ class _Steps:
     residual step per sub-layer, chained by the placement's structure."""
 
     def _ffn(self, x: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+        h = self.activation_dropout_module(self.activation_fn(self.fc1(x)))
+        if self.final_inner_norm is not None:  # Sub-LN, NormFormer: a norm before fc2
+            h = self.final_inner_norm(h)
+        return self.fc2(h)
+
+    def spec_of(self, name: str) -> ResidualSpec:
+        """The spec of sub-layer ``name`` (self_attn, encoder_attn: attention; final: the FFN)."""
+        return (self.ffn_spec or self.spec) if name == "final" else self.spec
 
     def _step(self, name: str, sublayer, x: Tensor, skip: Tensor | None) -> Tensor:
-        return residual_step(self.spec, x, sublayer, getattr(self, f"{name}_layer_norm"),
+        return residual_step(self.spec_of(name), x, sublayer, getattr(self, f"{name}_layer_norm"),
                              getattr(self, f"{name}_out_norm"), self.dropout_module,
                              getattr(self, f"{name}_gate"), skip)
 
@@ -93,10 +135,11 @@ class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
 
     NORMS = ("self_attn_layer_norm", "final_layer_norm")
 
-    def __init__(self, cfg, spec: ResidualSpec, norm: Norm | str = "layernorm") -> None:
+    def __init__(self, cfg, spec: ResidualSpec, norm: Norm | str = "layernorm",
+                 ffn_spec: ResidualSpec | None = None) -> None:
         super().__init__(cfg)
         norm = Norm(norm) if isinstance(norm, str) else norm
-        _set_up(self, self.NORMS, spec, norm, [self.self_attn])
+        _set_up(self, self.NORMS, spec, ffn_spec, norm, [self.self_attn])
 
     def forward(self, x: Tensor, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
         if attn_mask is not None:
@@ -120,7 +163,7 @@ class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
     NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
 
     def __init__(self, cfg, spec: ResidualSpec, norm: Norm | str = "layernorm",
-                 no_encoder_attn: bool = False) -> None:
+                 no_encoder_attn: bool = False, ffn_spec: ResidualSpec | None = None) -> None:
         super().__init__(cfg, no_encoder_attn)
         if self.cross_self_attention or self.c_attn is not None or self.attn_ln is not None \
                 or self.ffn_layernorm is not None or self.w_resid is not None:
@@ -128,7 +171,7 @@ class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
         norm = Norm(norm) if isinstance(norm, str) else norm
         names = self.NORMS if self.encoder_attn is not None else self.NORMS[::2]
         attns = [a for a in (self.self_attn, self.encoder_attn) if a is not None]
-        _set_up(self, names, spec, norm, attns)
+        _set_up(self, names, spec, ffn_spec, norm, attns)
         if self.encoder_attn is None:
             self.encoder_attn_out_norm = self.encoder_attn_gate = None
 

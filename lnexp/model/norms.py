@@ -24,16 +24,16 @@ class DyT(nn.Module):
 
 def is_fairseq_layernorm(norm: Norm) -> bool:
     """The norm fairseq's layers already build (LayerNorm, eps 1e-5): kept, not rebuilt."""
-    return norm.name == "layernorm" and norm.eps in (None, 1e-5)
+    return norm.name == "layernorm" and norm.eps == 1e-5
 
 
 def make_norm(norm: Norm | str, dim: int) -> nn.Module:
     """fairseq's LayerNorm (fused on GPU when apex is there), RMSNorm as in LLaMA, or DyT."""
     norm = Norm(norm) if isinstance(norm, str) else norm
     if norm.name == "layernorm":
-        return LayerNorm(dim, eps=1e-5 if norm.eps is None else norm.eps)
+        return LayerNorm(dim, eps=norm.eps)
     if norm.name == "rmsnorm":
-        return nn.RMSNorm(dim, eps=1e-6 if norm.eps is None else norm.eps, elementwise_affine=True)
+        return nn.RMSNorm(dim, eps=norm.eps, elementwise_affine=True)
     return DyT(dim, norm.alpha0)
 
 

@@ -41,9 +41,12 @@ class ResidualSpec:
     input_norm: bool = False
     output_norm: bool = False
     sum_norm: bool = True
+    inner_norm: bool = False
     input_norm_scale: float = 1.0
     gate: bool = False  # ReZero's learnable branch scalar
     qk_norm: bool = False
+    v_norm: bool = False
+    head_scale: bool = False
     structure: str = "residual"
     init_draw: str = "fairseq"
     init_scaled: tuple[str, ...] = ()
@@ -61,17 +64,19 @@ class ResidualSpec:
 
     @classmethod
     def for_layer(cls, placement: Placement, residual_scale: float, stack: str, layer: int,
-                  enc_layers: int, dec_layers: int) -> ResidualSpec:
-        """``placement`` at 1-based layer ``layer`` of ``stack`` in an N+M-layer model."""
+                  enc_layers: int, dec_layers: int, sublayer: str = "attention") -> ResidualSpec:
+        """``placement`` at the attention (or ffn) sub-layers of 1-based layer ``layer`` of
+        ``stack`` in an N+M-layer model."""
         n_stack = enc_layers if stack == "encoder" else dec_layers
         at = (stack, layer, enc_layers, dec_layers)
         init = placement.init
         return cls(
             placement=placement.name, residual_scale=float(residual_scale),
             alpha=evaluate(placement.residual_weight, *at), beta=evaluate(init.gain, *at),
-            **placement.switches(layer, n_stack),
+            **placement.switches(layer, n_stack, sublayer),
             input_norm_scale=evaluate(placement.input_norm_scale, *at),
-            gate=placement.branch_gate, qk_norm=placement.qk_norm, structure=placement.structure,
+            gate=placement.branch_gate, qk_norm=placement.qk_norm, v_norm=placement.v_norm,
+            head_scale=placement.head_scale, structure=placement.structure,
             init_draw=init.draw, init_scaled=tuple(init.scaled), init_unit=tuple(init.unit),
         )
 

@@ -44,11 +44,14 @@ class LNTransformerConfig(TransformerConfig):
     norm_spec: str = field(default="", metadata={"help": "the norm as JSON (lnexp.scheme)"})
 
 
-def _next_spec(stack_module, cfg: LNTransformerConfig, stack: str) -> ResidualSpec:
-    """The spec of the next layer fairseq builds (it builds them in order, without an index)."""
+def _next_specs(stack_module, cfg: LNTransformerConfig, stack: str) -> dict[str, ResidualSpec]:
+    """The attention and FFN specs of the next layer fairseq builds (it builds them in order,
+    without an index)."""
     stack_module._layers_built = getattr(stack_module, "_layers_built", 0) + 1
-    return ResidualSpec.for_layer(placement_of(cfg), cfg.residual_scale, stack,
-                                  stack_module._layers_built, cfg.encoder.layers, cfg.decoder.layers)
+    return {kind: ResidualSpec.for_layer(placement_of(cfg), cfg.residual_scale, stack,
+                                         stack_module._layers_built, cfg.encoder.layers,
+                                         cfg.decoder.layers, kind)
+            for kind in ("attention", "ffn")}
 
 
 def _swap_stack_norms(module, cfg: LNTransformerConfig) -> None:
@@ -65,7 +68,8 @@ class LNEncoder(TransformerEncoderBase):
         _swap_stack_norms(self, cfg)
 
     def build_encoder_layer(self, cfg: LNTransformerConfig) -> LNEncoderLayer:
-        return LNEncoderLayer(cfg, _next_spec(self, cfg, "encoder"), norm_of(cfg))
+        specs = _next_specs(self, cfg, "encoder")
+        return LNEncoderLayer(cfg, specs["attention"], norm_of(cfg), ffn_spec=specs["ffn"])
 
 
 class LNDecoder(TransformerDecoderBase):
@@ -75,7 +79,9 @@ class LNDecoder(TransformerDecoderBase):
         _swap_stack_norms(self, cfg)
 
     def build_decoder_layer(self, cfg: LNTransformerConfig, no_encoder_attn: bool = False):
-        return LNDecoderLayer(cfg, _next_spec(self, cfg, "decoder"), norm_of(cfg), no_encoder_attn)
+        specs = _next_specs(self, cfg, "decoder")
+        return LNDecoderLayer(cfg, specs["attention"], norm_of(cfg), no_encoder_attn,
+                              ffn_spec=specs["ffn"])
 
 
 @register_model("ln_transformer")

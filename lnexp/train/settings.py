@@ -124,7 +124,7 @@ def model_scheme(cfg: DictConfig) -> tuple[Placement, Norm]:
 
 
 def _is_stock_norm(norm: Norm) -> bool:
-    return norm.name == "layernorm" and norm.eps in (None, 1e-5)
+    return norm.name == "layernorm" and norm.eps == 1e-5
 
 
 def stock_flags(flags: dict[str, Any]) -> dict[str, Any] | None:
