@@ -9,12 +9,16 @@ mini scale's lr, not the paper scale's); numbers are written one way (``lr=0.001
 a run (configs/train.yaml ``exclude_keys``; a ``linear`` schedule's length does).
 
 Folders that older versions named after the overrides as typed keep working: when a run's folder
-does not exist under today's name but does under the old one, the run resumes there, with a note.
+does not exist under today's name but does under the old one (its overrides as typed now, or any
+folder of the runs root whose run.json holds this configuration), the run resumes there, with a
+note.
 Imports only Hydra/OmegaConf, like :mod:`lnexp.config`.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,15 +45,46 @@ def run_name(task_overrides: Any, exclude_keys: Any = (), runs_root: str = "",
     with composing() as compose_raw:
         name, resolved = name_and_config(overrides, compose_raw,
                                          None if _root_ is None else task_config(_root_))
-    old = legacy_name(typed_name if typed_name is not None else ",".join(overrides), resolved)
     root = Path(str(runs_root or "."))
-    if old != name and not (root / name).exists() and (root / old).is_dir():
-        if old not in _NOTED:
-            _NOTED.add(old)
-            print(f"lnexp train: note: this run is in {root / old}, its folder's old name; "
-                  f"it stays there (today's name: {name})", file=sys.stderr, flush=True)
-        return old
-    return name
+    if (root / name).exists():
+        return name
+    old = legacy_name(typed_name if typed_name is not None else ",".join(overrides), resolved)
+    if not (root / old).is_dir():  # typed another way when an older lnexp named it?
+        old = same_config(root, resolved, exclude) or name
+    if old != name and old not in _NOTED:
+        _NOTED.add(old)
+        print(f"lnexp train: note: this run is in {root / old}, its folder's old name; "
+              f"it stays there (today's name: {name})", file=sys.stderr, flush=True)
+    return old
+
+
+def same_config(root: Path, resolved: dict[str, Any], exclude: set[str]) -> str | None:
+    """The folder under ``root`` whose run.json holds this configuration (keys that do not name a
+    run aside), if one does: a run an older lnexp named after another spelling of it."""
+    aside = exclude | {"runs_root"}
+    if _lookup(resolved, "schedule.name") == "linear":  # its length names it
+        aside -= set(config.LENGTH_KEYS)
+    want = _without(resolved, aside)
+    for run_json in sorted(root.glob("*/run.json")):
+        try:
+            cfg = json.loads(run_json.read_text())["config"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _without(cfg, aside) == want:
+            return run_json.parent.name
+    return None
+
+
+def _without(tree: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    out = copy.deepcopy(tree)
+    for key in keys:
+        *path, last = key.split(".")
+        node: Any = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
 
 
 def name_of(overrides: list[str] | tuple[str, ...]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lnexp import config
@@ -104,6 +106,14 @@ def test_a_run_under_its_old_folder_name_stays_there(tmp_path, capsys):
     assert "its folder's old name; it stays there (today's name: default)" in capsys.readouterr().err
     (tmp_path / "default").mkdir()  # today's folder exists: it wins
     assert run_names.run_name(*args, typed_name="lr=1e-3,seed=1") == "default"
+    # typed another way before: found by the configuration its run.json holds
+    with run_names.composing() as compose_raw:
+        resolved = run_names.name_and_config(["seed=2", "max_epoch=3"], compose_raw)[1]
+    (tmp_path / "lr=0.001,seed=2").mkdir()
+    (tmp_path / "lr=0.001,seed=2" / "run.json").write_text(json.dumps({"config": resolved}))
+    assert run_names.run_name(["seed=2", "lr=1e-3"], ["max_epoch"], str(tmp_path),
+                              typed_name="lr=1e-3,seed=2") == "lr=0.001,seed=2"
+    assert run_names.run_name(["seed=3"], ["max_epoch"], str(tmp_path), typed_name="seed=3") == "seed=3"
 
 
 def test_train_help_shows_each_keys_comment_and_the_allowed_values(capsys):

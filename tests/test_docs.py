@@ -3,7 +3,9 @@ and every link between the pages leads somewhere.
 
 Training commands are checked with ``--cfg job`` (one run) or by composing every swept value (``-m``);
 the others run for real in an empty folder and must end well: exit 0, or exit 2 with one line that
-names the fix (a run folder or an archive the reader does not have yet), never a traceback.
+names the fix (a run folder or an archive the reader does not have yet), never a traceback. A run
+folder that a command reads (``lnexp evaluate runs/X``, also in the prose) must be one that a
+training command of these pages (or ``make demo``) writes: no folder runs as written otherwise.
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def commands(page: Path) -> list[str]:
 
 
 ALL = [(p.relative_to(REPO).as_posix(), c) for p in PAGES for c in commands(p)]
+FENCE = re.compile(r"^\s*```.*?^\s*```", re.S | re.M)
+INLINE = re.compile(r"`(lnexp [^`]+)`")
+
+
+def inline_commands(page: Path) -> list[str]:
+    """The `lnexp ...` code spans of a page's prose (one may run over a line break)."""
+    prose = FENCE.sub("", page.read_text())
+    return [" ".join(c.split()) for c in INLINE.findall(prose)]
+
+
+PROSE = [(p.relative_to(REPO).as_posix(), c) for p in PAGES for c in inline_commands(p)]
+MAKE = [ln.strip().replace("$(LNEXP)", "lnexp") for ln in (REPO / "Makefile").read_text().splitlines()
+        if ln.strip().startswith("$(LNEXP) train ")]
 
 
 def test_the_pages_show_commands():
@@ -72,6 +87,42 @@ def test_command_runs_as_written(page, line, tmp_path):
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     else:
         assert proc.returncode == 0, out[-2000:]
+
+
+def trained_folders() -> set[str]:
+    """The folders the single-run `lnexp train` commands of the pages and the Makefile write."""
+    from omegaconf import OmegaConf
+
+    from lnexp import config, run_names
+    from lnexp.train.run import _task_overrides
+
+    hydra = OmegaConf.load(config.CONFIG_DIR / "train.yaml").hydra
+    exclude = set(hydra.job.config.override_dirname.exclude_keys)
+    folders = set()
+    with run_names.composing() as compose_raw:
+        for line in [c for _, c in ALL + PROSE] + MAKE:
+            argv = shlex.split(line)[1:]
+            if argv[0] != "train" or {"-m", "--multirun", "--help", "-h"} & set(argv) or any(
+                    mark in line for mark in ("[", "...", "<")):  # sweeps, help, placeholders
+                continue
+            overrides = _task_overrides(argv[1:])
+            root = next((o.split("=", 1)[1] for o in overrides if o.startswith("runs_root=")), "runs")
+            keep = [o for o in overrides if o.split("=", 1)[0] not in exclude]
+            folders.add(f"{root}/{run_names.name_and_config(keep, compose_raw)[0]}")
+    return folders
+
+
+def test_run_folders_that_commands_read_are_ones_the_pages_train():
+    folders, wrong = trained_folders(), []
+    assert "runs/default" in folders and "runs/placement=pre_ln" in folders
+    for page, line in ALL + PROSE:
+        argv = shlex.split(line)[1:]
+        if argv[0] not in ("evaluate", "translate", "plot"):
+            continue
+        for arg in argv[1:]:
+            if arg.startswith("runs/") and arg.rstrip("/") != "runs" and arg.rstrip("/") not in folders:
+                wrong.append(f"{page}: `{line}` reads {arg}, which no training command here writes")
+    assert not wrong, "\n".join(wrong)
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

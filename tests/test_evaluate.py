@@ -83,13 +83,15 @@ def test_defaults_are_the_datasets_beam_and_lenpen(tiny_run, capsys):
 
 def test_stock_fairseq_generate_reproduces_averaged_hypotheses(tiny_run, capsys):
     """avg2 = fairseq's average of the two epoch checkpoints; the printed fairseq-generate command
-    (lnexp's --user-dir, same beam/lenpen/batches) loads it and prints the same hypotheses."""
+    (lnexp's --user-dir, same beam/lenpen/batches) loads it and prints the same hypotheses, one
+    for every sentence."""
     import torch
 
     from lnexp.fairseq_adapter import load_checkpoint_state
 
     r = evaluate(capsys, tiny_run, "--checkpoint", "avg2", "--beam", "3", "--lenpen", "1.2",
-                 "--batch-size", "16")  # 3 batches: the length limit depends on the batch
+                 "--batch-size", "16", "--split", "valid")  # 4 batches: the length limit depends on
+    # the batch; 60 sentences: fairseq-generate's default batching would drop the last 4
     avg = load_checkpoint_state(Path(r["checkpoint_path"]))["model"]
     one, two = (load_checkpoint_state(tiny_run / "checkpoints" / f"checkpoint{e}.pt")["model"]
                 for e in (1, 2))
@@ -104,7 +106,7 @@ def test_stock_fairseq_generate_reproduces_averaged_hypotheses(tiny_run, capsys)
     assert proc.returncode == 0, proc.stderr
     ours = Path(r[r["fairseq_output"]]).read_text().splitlines()
     assert len(set(ours)) > 10  # the outputs differ between sentences: the comparison means something
-    assert proc.stdout.splitlines() == ours
+    assert proc.stdout.splitlines() == ours and len(ours) == 60
 
 
 def test_raw_test_set_is_prepared_as_the_test_split(tiny_run, small_multi30k, capsys):
