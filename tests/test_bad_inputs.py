@@ -88,6 +88,9 @@ CASES = [
     ("train runs_root=/proc/forbidden", "runs_root=/proc/forbidden: cannot make folders there"),
     ("train runs_root={bad}/notes.txt", "cannot make folders there"),
     ("train -sc install=nushell", "-sc 'install=nushell': use -sc install=bash"),
+    ("train --cfg nope", "argument --cfg/-c: invalid choice: 'nope'"),
+    ("train --cfg hydra --resolve", "use --cfg all --resolve, or --cfg hydra alone"),
+    ("train --info nope", "argument --info/-i: invalid choice: 'nope'"),
     # --- lnexp results -----------------------------------------------------------------------
     ("results --runs-root {bad}/empty placment=pre_ln",
      "unknown filter key 'placment': did you mean placement?"),
