@@ -99,6 +99,21 @@ def normalise(overrides: list[str]) -> list[str]:
     return out
 
 
+def given_once(overrides: list[str]) -> None:
+    """A command line that sets a key twice is a mistake: Hydra would keep the last value silently,
+    and both would name the run folder. (Code that composes may append overrides that win.)"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    first: dict[str, str] = {}
+    for text in overrides:
+        key = parser.parse_override(text).get_key_element()
+        if key in first:
+            raise ConfigError(f"{key} is given twice ({first[key]} and {text}): give it once, or "
+                              f"sweep both values with -m {key}=a,b")
+        first[key] = text
+
+
 def _enumerable(o) -> bool:
     from hydra.core.override_parser.types import ValueType
 
@@ -211,11 +226,6 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
     def compose_one(overrides: list[str]) -> DictConfig:
         overrides = normalise(list(overrides))
         keys = [parser.parse_override(o).get_key_element() for o in overrides]
-        for i, key in enumerate(keys):  # Hydra would keep the last silently; both would name the run
-            if key in keys[:i]:
-                raise ConfigError(f"{key} is given twice ({overrides[keys.index(key)]} and "
-                                  f"{overrides[i]}): give it once, or sweep both values with -m "
-                                  f"{key}=a,b")
         # The same group options without the key=value overrides: each key's value there is the
         # type and an example of what the key takes.
         groups = tuple(o for o, key in zip(overrides, keys, strict=True)

@@ -51,6 +51,7 @@ def check_overrides(argv: list[str]) -> Path:
     from lnexp.train.settings import fairseq_flags, resolve_device
 
     overrides = config.normalise(_task_overrides(argv))
+    config.given_once(overrides)
     choices = []
     for o in OverridesParser.create().parse_overrides(overrides):
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [
