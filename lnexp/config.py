@@ -87,6 +87,21 @@ def normalise(overrides: list[str]) -> list[str]:
     return out
 
 
+def given_once(overrides: list[str]) -> None:
+    """A command line that sets a key twice is a mistake: Hydra would keep the last value silently,
+    and both would name the run folder. (Code that composes may append overrides that win.)"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    first: dict[str, str] = {}
+    for text in overrides:
+        key = parser.parse_override(text).get_key_element()
+        if key in first:
+            raise ConfigError(f"{key} is given twice ({first[key]} and {text}): give it once, or "
+                              f"sweep both values with -m {key}=a,b")
+        first[key] = text
+
+
 def _enumerable(o) -> bool:
     from hydra.core.override_parser.types import ValueType
 
@@ -203,11 +218,6 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
         if raw:
             return resolved(overrides, raw=True)
         keys = [parser.parse_override(o).get_key_element() for o in overrides]
-        for i, key in enumerate(keys):  # Hydra would keep the last silently; both would name the run
-            if key in keys[:i]:
-                raise ConfigError(f"{key} is given twice ({overrides[keys.index(key)]} and "
-                                  f"{overrides[i]}): give it once, or sweep both values with -m "
-                                  f"{key}=a,b")
         # The same group options without the key=value overrides: each key's value there is the
         # type and an example of what the key takes.
         groups = tuple(o for o, key in zip(overrides, keys, strict=True)
@@ -378,45 +388,44 @@ def _num(x: float) -> str:
 # Every numeric key a run reads (top-level and inside groups) and the values it takes; whether it
 # is a number, text or a list is the config's own type (check_types). A key absent from the run's
 # config (optimizer.momentum under adam) is skipped.
-NUMBER = {"whole": False}
 BOUNDS: dict[str, Bound] = {
-    "lr": Bound(0, above=True, **NUMBER),
+    "lr": Bound(0, above=True, whole=False),
     "warmup": Bound(0, unit="updates", note="warmup=0 for none"),
     "seed": Bound(0, 2**32 - 1),
     "max_epoch": Bound(1),
     "max_update": Bound(0, note="0 = no limit"),
     "log_interval": Bound(1, unit="updates"),
-    "residual_scale": Bound(0, above=True, note="1.0 = plain residual", **NUMBER),
+    "residual_scale": Bound(0, above=True, note="1.0 = plain residual", whole=False),
     "threads": Bound(0, note="0 = torch's default"),
     "save_interval_updates": Bound(0, unit="updates", note="0 = at the end of each epoch only"),
     "track_every": Bound(1, unit="updates"),
     "eval.beam": Bound(1),
-    "eval.lenpen": Bound(0, **NUMBER),
+    "eval.lenpen": Bound(0, whole=False),
     "eval.max_sentences": Bound(1),
     "eval.subset": Bound(0, note="0 = the whole validation set"),
     "checkpoint.keep_last_epochs": Bound(0, note="0 keeps no epoch checkpoints"),
     "divergence.plateau_epoch": Bound(1),
-    "divergence.plateau_margin": Bound(0, unit="bits", **NUMBER),
-    "norm.alpha0": Bound(0, above=True, **NUMBER),
+    "divergence.plateau_margin": Bound(0, unit="bits", whole=False),
+    "norm.alpha0": Bound(0, above=True, whole=False),
     "depth.encoder_layers": Bound(1, MAX_LAYERS, unit="layers"),
     "depth.decoder_layers": Bound(1, MAX_LAYERS, unit="layers"),
-    "optimizer.betas": Bound(0, 1, below=True, length=2, **NUMBER),
-    "optimizer.eps": Bound(0, above=True, **NUMBER),
-    "optimizer.momentum": Bound(0, 1, below=True, **NUMBER),
-    "optimizer.weight_decay": Bound(0, **NUMBER),
-    "optimizer.clip_norm": Bound(0, note="0 = no clipping", **NUMBER),
+    "optimizer.betas": Bound(0, 1, below=True, length=2, whole=False),
+    "optimizer.eps": Bound(0, above=True, whole=False),
+    "optimizer.momentum": Bound(0, 1, below=True, whole=False),
+    "optimizer.weight_decay": Bound(0, whole=False),
+    "optimizer.clip_norm": Bound(0, note="0 = no clipping", whole=False),
     "schedule.epochs": Bound(1),
-    "schedule.gamma": Bound(0, above=True, **NUMBER),
+    "schedule.gamma": Bound(0, above=True, whole=False),
     "scale.max_tokens": Bound(1, unit="tokens"),
     "scale.update_freq": Bound(1),
     "scale.decay_epoch": Bound(1),
-    "scale.dropout": Bound(0, 1, below=True, **NUMBER),
-    "scale.label_smoothing": Bound(0, 1, below=True, **NUMBER),
+    "scale.dropout": Bound(0, 1, below=True, whole=False),
+    "scale.label_smoothing": Bound(0, 1, below=True, whole=False),
     "dataset.vocab_size": Bound(1),
     "dataset.max_tokens": Bound(1, unit="tokens"),
     "dataset.update_freq": Bound(1),
     "dataset.beam": Bound(1),
-    "dataset.lenpen": Bound(0, **NUMBER),
+    "dataset.lenpen": Bound(0, whole=False),
     "dataset.paper_epochs": Bound(1),
     "dataset.decay_epoch": Bound(1),
     "distributed.world_size": Bound(1),
@@ -428,8 +437,9 @@ BOUNDS: dict[str, Bound] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "norm.name": NORMS, "precision": PRECISIONS, "device": ("auto", "cpu", "cuda"),
     "placement.name": PLACEMENTS, "schedule.name": SCHEDULES,
-    "distributed.backend": ("auto", "gloo", "nccl"),
-    "distributed.ddp_backend": ("auto", "legacy_ddp", "pytorch_ddp", "c10d", "no_c10d"),
+    "distributed.backend": ("auto", "gloo", "nccl", "mpi", "ucc"),  # torch.distributed's
+    "distributed.ddp_backend": ("auto", "legacy_ddp", "pytorch_ddp", "c10d", "no_c10d",
+                                "fully_sharded", "slowmo"),  # fairseq's --ddp-backend
 }
 
 

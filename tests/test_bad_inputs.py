@@ -53,7 +53,7 @@ CASES = [
     ("train placement.embed_norm=maybe", "placement.embed_norm='maybe' is not true or false"),
     ("train divergence.stop=2", "divergence.stop=2 is not true or false"),
     ("train divergence.plateau_margin=abc", "is not a number"),
-    ("train distributed.backend=mpi", "distributed.backend='mpi' is not one of auto, gloo, nccl"),
+    ("train distributed.backend=glo", "distributed.backend='glo' is not one of auto, gloo, nccl"),
     ("train distributed.port=70000", "must be a whole number <= 65535"),
     ("train eval=5", "eval holds keys (beam, lenpen, max_sentences, subset), not a value"),
     ("train eval.lenpen=abc", "eval.lenpen='abc' is not a number"),
@@ -88,6 +88,9 @@ CASES = [
     ("train runs_root=/proc/forbidden", "runs_root=/proc/forbidden: cannot make folders there"),
     ("train runs_root={bad}/notes.txt", "cannot make folders there"),
     ("train -sc install=nushell", "-sc 'install=nushell': use -sc install=bash"),
+    ("train --cfg nope", "argument --cfg/-c: invalid choice: 'nope'"),
+    ("train --cfg hydra --resolve", "use --cfg all --resolve, or --cfg hydra alone"),
+    ("train --info nope", "argument --info/-i: invalid choice: 'nope'"),
     # --- lnexp results -----------------------------------------------------------------------
     ("results --runs-root {bad}/empty placment=pre_ln",
      "unknown filter key 'placment': did you mean placement?"),

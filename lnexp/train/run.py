@@ -51,6 +51,7 @@ def check_overrides(argv: list[str]) -> Path:
     from lnexp.train.settings import fairseq_flags, resolve_device
 
     overrides = config.normalise(_task_overrides(argv))
+    config.given_once(overrides)
     choices = []
     for o in OverridesParser.create().parse_overrides(overrides):
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [
@@ -156,6 +157,22 @@ def _hydra_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def _check_hydra_flags(argv: list[str]) -> None:
+    """Hydra's own flags (``--cfg job``, ``--info plugins``, ...) read by Hydra's parser, a mistake
+    one line instead of its usage block."""
+    from hydra._internal.utils import get_args_parser
+
+    def error(message: str) -> None:
+        raise ConfigError(f"{message} (lnexp train --hydra-help lists Hydra's flags)")
+
+    parser = get_args_parser()
+    parser.error = error  # type: ignore[method-assign]
+    args = parser.parse_args(argv)
+    if args.cfg == "hydra" and args.resolve:
+        raise ConfigError("--cfg hydra --resolve: Hydra's config reads the run's (${runs_root}); "
+                          "use --cfg all --resolve, or --cfg hydra alone")
+
+
 def _check_writable(runs_root: Path) -> None:
     """The runs root exists (made now) and takes new folders, before Hydra makes the run's."""
     try:
@@ -214,6 +231,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
     if {"-sc", "--shell-completion"} & set(argv):
         return shell_completion(argv)
+    _check_hydra_flags(argv)
     failures = None  # --help, --cfg and friends run no job
     info = any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv)
     if not info:
