@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,6 +68,7 @@ def main() -> None:
                         "--tiny: 2 gloo workers)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny model, few updates")
+    p.add_argument("--out", type=Path, default=None, help="folder for gpu_check.csv and gpu_check.json")
     B.add_data_args(p)
     args = p.parse_args()
 
@@ -95,7 +97,7 @@ def main() -> None:
         over.append(f"scale.max_tokens={args.max_tokens}")
     over += B.data_overrides(args)
     n = 8192 if cuda else 2048
-    rows, single, ref_norms = [], {}, {}
+    rows, single, ref_norms, peaks = [], {}, {}, {}
     for precision in [x.strip() for x in args.precisions.split(",") if x.strip()]:
         if precision != "fp32" and not cuda:
             rows.append([precision, 1, "skipped: needs a GPU"] + [NAN] * 7)
@@ -113,7 +115,7 @@ def main() -> None:
             ref_norms = dict(norms)
         mine, stock = res["lnexp"], res["stock"]
         single[precision] = mine["tok_s"]
-        peak = B.matmul_peak(n, DTYPES[precision], device)
+        peak = peaks[precision] = B.matmul_peak(n, DTYPES[precision], device)
         rows.append([precision, 1, f"{mine['params'] / 1e6:.1f}M params", mine["tok_s"],
                      stock["tok_s"], mine["tok_s"] / stock["tok_s"],
                      f"{mine['overflows']}/{stock['overflows']}",
@@ -132,8 +134,29 @@ def main() -> None:
         note = "; data-parallel row: needs 2 or more GPUs (or --world-size)"
     print(f"# model {args.model}, Pre-LN, {args.warmup} warm-up + {args.updates} timed updates per "
           f"run; stock = fairseq's transformer, same flags; peak = {n}x{n} matmul{note}")
-    print(B.table(["precision", "world", "model", "lnexp tok/s", "stock tok/s", "lnexp/stock",
-                   "overflows l/s", "loss scale", "gnorm vs fp32", "of peak"], rows))
+    headers = ["precision", "world", "model", "lnexp tok/s", "stock tok/s", "lnexp/stock",
+               "overflows l/s", "loss scale", "gnorm vs fp32", "of peak"]
+    print(B.table(headers, rows))
+    if args.out:
+        write_results(args.out, headers, rows, {
+            "date": time.strftime("%Y-%m-%d %H:%M"), "machine": B.machine_line().lstrip("# "),
+            "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
+            "cuda": torch.version.cuda, "model": args.model, "warmup": args.warmup,
+            "updates": args.updates, "peak_matmul_n": n, "peaks_flop_s": peaks})
+
+
+def write_results(out: Path, headers: list[str], rows: list[list], meta: dict) -> None:
+    """The table as gpu_check.csv and, with how it was measured, gpu_check.json."""
+    import csv
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "gpu_check.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(headers)
+        w.writerows(rows)
+    meta["rows"] = [dict(zip(headers, r, strict=True)) for r in rows]
+    (out / "gpu_check.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 if __name__ == "__main__":
