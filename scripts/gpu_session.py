@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The one prepared GPU session: on a machine with one GPU, its own torch and no network, every
-GPU measurement lnexp lacks, each part under its own time budget (485 s in all, under 10
+GPU measurement lnexp lacks, each part under its own time budget (495 s in all, under 10
 minutes with start-up), each result a file under OUT (small files only: runs, checkpoints, data
 cache and venv stay in ``--work``).
 
@@ -14,12 +14,12 @@ Parts (budget in seconds, the part is stopped past it and the session goes on):
    -> install.json. Skipped without ``--wheels`` (the parts below then use this Python as it is).
 2. ``gpu_tests`` (45): ``pytest -m gpu`` (bf16/fp16 steps, fused LayerNorm, GPU checkpoint on CPU)
    -> pytest_gpu.xml (JUnit), pytest_gpu.txt.
-3. ``precision`` (130): scripts/gpu_check.py: stock fairseq vs lnexp tokens/s in fp32, bf16, fp16 at
+3. ``precision`` (120): scripts/gpu_check.py: stock fairseq vs lnexp tokens/s in fp32, bf16, fp16 at
    the IWSLT size, share of the measured matmul peak, fp16 overflows, gradient norms vs fp32
    -> gpu_check.csv/json.
-4. ``sharing`` (110): scripts/gpu_share.py: aggregate tokens/s of 1, 4 and 8 concurrent mini and
+4. ``sharing`` (150): scripts/gpu_share.py: aggregate tokens/s of 1, 4 and 8 concurrent mini and
    IWSLT-model runs against one -> gpu_share.csv/json.
-5. ``fig2`` (140): the gpu scale's Fig. 2 key contrast: Post-LN, Adam, lr 1e-3, no warm-up against
+5. ``fig2`` (120): the gpu scale's Fig. 2 key contrast: Post-LN, Adam, lr 1e-3, no warm-up against
    warm-up 465 (the paper's 4000 mapped), seeds 1 and 2, 4 runs side by side (joblib), as many
    epochs as the budget allows (``--fig2-epochs``, greedy BLEU), then ``lnexp figure fig2 --scale
    gpu`` -> fig2/fig2_checks.json, fig2.csv, fig2_summary.csv, runs/ (metrics.jsonl per run).
@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGETS = {"install": 60, "gpu_tests": 45, "precision": 130, "sharing": 110, "fig2": 140}  # 485 s
+BUDGETS = {"install": 60, "gpu_tests": 45, "precision": 120, "sharing": 150, "fig2": 120}  # 495 s
 RUN_FILES = ("metrics.jsonl", "run.json", "status.json", "updates.csv", "error.log")  # copied to OUT
 TINY = ["scale.arch=ln_transformer_mini", "depth.encoder_layers=2", "depth.decoder_layers=2",
         "scale.max_tokens=512", "max_update=3", "eval.subset=4"]
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 ],
                         out, BUDGETS["precision"], env, log))
     rcs.append(run_part("sharing", [py, "scripts/gpu_share.py", *tiny, *data, "--out", str(out),
-                                    "--timeout", str(BUDGETS["sharing"] // 3)],
+                                    "--timeout", str(BUDGETS["sharing"] // 4)],
                         out, BUDGETS["sharing"], env, log))
     runs = work / "runs"
     sweep = [py, "-m", "lnexp.cli", "train", "-m", "experiment=fig2_gpu", "lr=0.001", "warmup=0,465",

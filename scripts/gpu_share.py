@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How many training runs pay on one GPU: aggregate tokens/s of N concurrent runs against one.
 
-    python scripts/gpu_share.py                          # mini and paper IWSLT model, N = 1, 4, 8
+    python scripts/gpu_share.py                          # paper IWSLT model and mini, N = 1, 4, 8
     python scripts/gpu_share.py --models iwslt --concurrency 1,2,4,8,16 --updates 40
     python scripts/gpu_share.py --tiny                   # CPU: 2+2-layer mini model, N = 1, 2
 
@@ -88,9 +88,22 @@ def measure(overrides: list[str], n: int, warmup: int, updates: int, timeout: fl
             "span_s": span, "max_mem_gib": max(r["max_mem_gib"] for r in out)}
 
 
+COLS = ["model", "runs", "aggregate_tok_s", "per_run_tok_s_mean", "x_one_run", "max_mem_gib", "wall_s",
+        "error"]
+
+
+def save(out: Path, rows: list[dict], meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "gpu_share.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLS)
+        w.writeheader()
+        w.writerows(rows)
+    (out / "gpu_share.json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="mini,iwslt", help="of: " + ", ".join(sorted(B.ARCHS)))
+    p.add_argument("--models", default="iwslt,mini", help="of: " + ", ".join(sorted(B.ARCHS)))
     p.add_argument("--concurrency", default="1,4,8", help="numbers of runs at once (1 comes first)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--warmup", type=int, default=5)
@@ -133,22 +146,15 @@ def main(argv: list[str] | None = None) -> int:
                          "x_one_run": agg / single if single == single else NAN,
                          "max_mem_gib": res.get("max_mem_gib", NAN), "wall_s": time.time() - t,
                          "error": res.get("error", "")})
-    cols = ["model", "runs", "aggregate_tok_s", "per_run_tok_s_mean", "x_one_run", "max_mem_gib", "wall_s",
-            "error"]
+            if args.out:  # after every row: a run stopped at its time budget keeps what it measured
+                save(args.out, rows, {"date": time.strftime("%Y-%m-%d %H:%M"), "torch": torch.__version__,
+                                      "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+                                      "precision": args.precision, "warmup": args.warmup,
+                                      "updates": args.updates})
     print(f"# {args.precision}, Pre-LN, {args.warmup} untimed + {args.updates} timed updates per run, "
           f"runs in separate processes started together (barrier before the timed updates)")
     print(B.table(["model", "runs", "aggregate tok/s", "tok/s per run", "x one run", "max GiB", "wall s",
-                   "error"], [[r[c] for c in cols] for r in rows]))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "gpu_share.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            w.writerows(rows)
-        meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": torch.cuda.get_device_name(0) if cuda
-                else "cpu", "torch": torch.__version__, "precision": args.precision,
-                "warmup": args.warmup, "updates": args.updates, "rows": rows}
-        (args.out / "gpu_share.json").write_text(json.dumps(meta, indent=1) + "\n")
+                   "error"], [[r[c] for c in COLS] for r in rows]))
     return 1 if any(r["error"] for r in rows) else 0
 
 
