@@ -77,11 +77,17 @@ def run_part(name: str, cmd: list[str], out: Path, budget: float, env: dict[str,
 def install(wheels: Path, out: Path, work: Path, env: dict[str, str], log: dict) -> str:
     """A venv over this Python's packages with lnexp from the wheelhouse; its python."""
     venv = work / "venv"
+    import sysconfig
+
+    # this Python may itself be a venv (the GPU machine's is): its packages join by a .pth line
+    # (`import site; site.addsitedir(...)`, so that .pth files there are read too)
+    base = sysconfig.get_paths()["purelib"]
+    (work / "base_env.pth").write_text(f"import site; site.addsitedir({base!r})\n")
     site = ("import sysconfig; print(sysconfig.get_paths()['purelib'])")
     script = (f"set -e; {sys.executable} -m venv --system-site-packages --without-pip {venv}; "
-              f"{sys.executable} -c \"{site}\" > \"$({venv}/bin/python -c \"{site}\")/_base_env.pth\"; "
+              f"cp {work / 'base_env.pth'} \"$({venv}/bin/python -c \"{site}\")/_base_env.pth\"; "
               f"{venv}/bin/python -c 'import torch; print(\"torch before\", torch.__version__)'; "
-              f"{sys.executable} -m pip --python {venv}/bin/python install --no-index --find-links {wheels} "
+              f"{sys.executable} -m pip --python {venv}/bin/python install --no-index --no-compile --find-links {wheels} "
               f"-q lnexp; {venv}/bin/python -c 'import torch, lnexp; print(\"torch after\", "
               f"torch.__version__, torch.__file__); print(\"lnexp\", lnexp.__file__)'")
     rc = run_part("install", ["bash", "-c", script], out, BUDGETS["install"], env, log)
