@@ -39,7 +39,7 @@ ifeq ($(WHEELS),)
 	$(if $(TORCH_SPEC),$(BIN)/python -m pip install -q "$(TORCH_SPEC)")
 	$(BIN)/python -m pip install -q -e ".[dev]"
 else
-	$(PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_lnexp_base_env.pth"
+	$(PYTHON) -c 'import sysconfig; print("import site; site.addsitedir(%r)" % sysconfig.get_paths()["purelib"])' > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_lnexp_base_env.pth"
 	$(BIN)/python -c 'import torch; print("make install: using the installed torch", torch.__version__)'
 	$(BIN)/python -m pip install -q --no-index --find-links "$(WHEELS)" -e ".[dev]"
 endif

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The GPU session script: paper-scale tokens/s of stock fairseq and lnexp in fp32, bf16 and fp16,
 side by side, with fp16 overflows, gradient norms against fp32, and data-parallel training over
-every visible GPU. One table; meant to take under 8 minutes on one GPU (6 short runs; not yet
-timed on one: --tiny takes about a minute on 2 busy CPU cores).
+every visible GPU. One table (``--out DIR``: also gpu_check.csv and gpu_check.json, rewritten after
+every row); part 3 of scripts/gpu_session.py, which gives it 120 s on one GPU (6 short runs; not
+yet timed on one: --tiny takes about a minute on 2 busy CPU cores).
 
     python scripts/gpu_check.py                  # paper IWSLT model (6+6, d=512), all precisions
     python scripts/gpu_check.py --updates 50 --max-tokens 8192
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,6 +69,7 @@ def main() -> None:
                         "--tiny: 2 gloo workers)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: tiny model, few updates")
+    p.add_argument("--out", type=Path, default=None, help="folder for gpu_check.csv and gpu_check.json")
     B.add_data_args(p)
     args = p.parse_args()
 
@@ -95,10 +98,22 @@ def main() -> None:
         over.append(f"scale.max_tokens={args.max_tokens}")
     over += B.data_overrides(args)
     n = 8192 if cuda else 2048
-    rows, single, ref_norms = [], {}, {}
+    rows, single, ref_norms, peaks = [], {}, {}, {}
+    headers = ["precision", "world", "model", "lnexp tok/s", "stock tok/s", "lnexp/stock",
+               "overflows l/s", "loss scale", "gnorm vs fp32", "of peak"]
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": B.machine_line().lstrip("# "),
+            "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
+            "cuda": torch.version.cuda, "model": args.model, "warmup": args.warmup,
+            "updates": args.updates, "peak_matmul_n": n, "peaks_flop_s": peaks}
+
+    def save() -> None:  # after every row: a part stopped at its time budget keeps what it measured
+        if args.out:
+            write_results(args.out, headers, rows, meta)
+
     for precision in [x.strip() for x in args.precisions.split(",") if x.strip()]:
         if precision != "fp32" and not cuda:
             rows.append([precision, 1, "skipped: needs a GPU"] + [NAN] * 7)
+            save()
             continue
         res, norms = {}, {}
         for kind in ("stock", "lnexp"):
@@ -113,13 +128,14 @@ def main() -> None:
             ref_norms = dict(norms)
         mine, stock = res["lnexp"], res["stock"]
         single[precision] = mine["tok_s"]
-        peak = B.matmul_peak(n, DTYPES[precision], device)
+        peak = peaks[precision] = B.matmul_peak(n, DTYPES[precision], device)
         rows.append([precision, 1, f"{mine['params'] / 1e6:.1f}M params", mine["tok_s"],
                      stock["tok_s"], mine["tok_s"] / stock["tok_s"],
                      f"{mine['overflows']}/{stock['overflows']}",
                      NAN if mine["loss_scale"] is None else mine["loss_scale"],
                      max_rel_diff(norms, ref_norms) if precision != "fp32" else 0.0,
                      mine["tok_s"] * mine["flops_per_token"] / peak])
+        save()
     if world >= 2:
         with tempfile.TemporaryDirectory() as tmp:
             dp = B.data_parallel([*over, "precision=fp32", f"distributed.world_size={world}"],
@@ -132,8 +148,22 @@ def main() -> None:
         note = "; data-parallel row: needs 2 or more GPUs (or --world-size)"
     print(f"# model {args.model}, Pre-LN, {args.warmup} warm-up + {args.updates} timed updates per "
           f"run; stock = fairseq's transformer, same flags; peak = {n}x{n} matmul{note}")
-    print(B.table(["precision", "world", "model", "lnexp tok/s", "stock tok/s", "lnexp/stock",
-                   "overflows l/s", "loss scale", "gnorm vs fp32", "of peak"], rows))
+    print(B.table(headers, rows))
+    save()
+
+
+def write_results(out: Path, headers: list[str], rows: list[list], meta: dict) -> None:
+    """The table as gpu_check.csv and, with how it was measured, gpu_check.json."""
+    import csv
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "gpu_check.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(headers)
+        w.writerows(rows)
+    meta["rows"] = [dict(zip(headers, r, strict=True)) for r in rows]
+    (out / "gpu_check.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -103,19 +103,6 @@ def test_bench_startup_quick(bench_env):
     assert "`lnexp --help` among torch, fairseq, hydra, numpy: none" in out
 
 
-def test_gpu_check_tiny_runs_on_cpu(small_multi30k, bench_env):
-    out = run_script("gpu_check.py", "--tiny", *data_args(small_multi30k), env=bench_env)
-    rows = {r[0]: r for r in table_rows(out, "precision")}
-    fp32 = rows["fp32"]  # precision, world, model, lnexp tok/s, stock tok/s, ratio, ..., of peak
-    assert positive(fp32[3]) and positive(fp32[4]) and positive(fp32[9])
-    assert number(fp32[5]) == pytest.approx(number(fp32[3]) / number(fp32[4]), rel=0.01)
-    assert fp32[6] == "0/0" and fp32[8] == "0.000"  # no overflows in fp32; fp32 is the reference
-    if "GPU:" not in out:
-        assert "needs a GPU" in rows["bf16"][2] and "needs a GPU" in rows["fp16"][2]
-    dp = rows["fp32 x 2"]  # two gloo workers through fairseq's distributed runtime
-    assert dp[1] == "2" and positive(dp[3])
-
-
 def test_profile_step_quick_splits_update_time_and_reports_matmul_ceiling(small_multi30k, bench_env):
     out = run_script("profile_step.py", "--quick", *data_args(small_multi30k), env=bench_env)
     cats = {r[0]: r for r in table_rows(out, "category", "of")}

@@ -1,0 +1,89 @@
+"""What only a GPU can show (``pytest -m gpu``; skipped without CUDA; scripts/gpu_session.py runs
+them on the GPU machine): bf16 and fp16 training steps through lnexp's trainer, the GPU LayerNorm
+kernel against the formula within its precision, a checkpoint trained on GPU evaluated on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+# 2+2 layers of the mini model, small batches, a few updates: seconds on a GPU
+TINY = ["dataset.vocab_size=600", "depth.encoder_layers=2", "depth.decoder_layers=2",
+        "scale.max_tokens=1024", "eval.subset=8", "eval.beam=2", "divergence.plateau_epoch=99",
+        "threads=1", "device=cuda", "schedule=constant", "warmup=0", "lr=5e-4"]
+
+
+def train(tmp_path, small_multi30k, monkeypatch, *over: str):
+    from lnexp import config
+    from lnexp.train.loop import train_run
+
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "cache"))
+    cfg = config.compose([f"dataset.dir={small_multi30k}", *TINY, *over])
+    run_dir = tmp_path / "run"
+    return run_dir, train_run(cfg, run_dir)
+
+
+def updates_csv(run_dir) -> list[dict[str, str]]:
+    import csv
+
+    with open(run_dir / "updates.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_training_steps_on_the_gpu(tmp_path, small_multi30k, monkeypatch, precision):
+    run_dir, status = train(tmp_path, small_multi30k, monkeypatch, f"precision={precision}", "max_update=8",
+                            "log_interval=1")
+    assert status["status"] == "done" and status["updates"] == 8, status
+    rows = updates_csv(run_dir)
+    losses = [float(r["loss"]) for r in rows]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    if precision == "fp16":  # fairseq's loss scaler is there, and skipped updates are counted
+        assert rows[-1]["loss_scale"] != "" and int(rows[-1]["overflows"]) < 8
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["fairseq_flags"].get(precision) == "True"
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_gpu_norm_kernels_match_the_formula_within_their_precision(kind, dtype, tol):
+    from lnexp.model.norms import make_norm
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 37, 512, generator=g) * 3 + 1
+    norm = make_norm(kind, 512)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(512, generator=g) + 0.5)
+        if getattr(norm, "bias", None) is not None:
+            norm.bias.copy_(torch.randn(512, generator=g))
+    x64, w64 = x.double(), norm.weight.detach().double()
+    if kind == "layernorm":
+        mu, var = x64.mean(-1, keepdim=True), x64.var(-1, unbiased=False, keepdim=True)
+        ref = (x64 - mu) / torch.sqrt(var + norm.eps) * w64 + norm.bias.detach().double()
+    else:
+        ref = w64 * x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    gpu = norm.to("cuda", dtype)
+    with torch.no_grad():
+        got = gpu(x.to("cuda", dtype)).double().cpu()
+    err = ((got - ref).abs() / (ref.abs() + 1)).max().item()
+    assert err < tol, f"{kind} in {dtype}: max relative error {err:.2e} (tolerance {tol:g})"
+
+
+def test_checkpoint_trained_on_gpu_evaluates_on_cpu(tmp_path, small_multi30k, monkeypatch, capsys):
+    from lnexp.cli import main
+
+    run_dir, status = train(tmp_path, small_multi30k, monkeypatch, "precision=bf16", "max_update=6")
+    assert status["status"] == "done"
+    capsys.readouterr()
+    rc = main(["evaluate", str(run_dir), "--device", "cpu", "--split", "valid", "--checkpoint", "last",
+               "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    res = json.loads(out.strip().splitlines()[-1])
+    assert math.isfinite(float(res["bleu"])) and res["device"] == "cpu"
