@@ -116,6 +116,14 @@ CASES = [
     ("evaluate {trained} --src {bad}/empty.de --ref {bad}/empty.en", "is empty"),
     ("evaluate {trained} --checkpoint newest", "is not best, last or avgN"),
     ("evaluate {trained} --name ../x --src {bad}/x.de --ref {bad}/x.en", "must be a plain name"),
+    # --- lnexp compare -----------------------------------------------------------------------
+    ("compare {trained}", "the following arguments are required: RUN_B[@CKPT]"),
+    ("compare {trained} {nowhere}", "is not a run folder (no run.json)"),
+    ("compare {trained} {bad}/empty_run", "run.json is unreadable or incomplete"),
+    ("compare {trained}@newest {trained}", "is not a run folder"),
+    ("compare {trained}@avg9 {trained}", "needs 9 epoch checkpoints"),
+    ("compare {trained} {trained} --ar-n abc", "argument --ar-n: not a whole number: 'abc'"),
+    ("compare {trained} {trained} --split train", "argument --split: invalid choice: 'train'"),
     # --- lnexp translate ---------------------------------------------------------------------
     ("translate {trained}", "stdin line 1 is not UTF-8 text", NOT_UTF8),
     ("translate {trained} --batch-size -1", "argument --batch-size: must be at least 1"),
@@ -248,7 +256,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
 
 def test_the_table_covers_every_command():
     commands = {shlex.split(c[0])[0] for c in CASES}
-    assert {"train", "results", "evaluate", "translate", "plot", "figure", "prepare"} <= commands
+    assert {"train", "results", "evaluate", "compare", "translate", "plot", "figure",
+            "prepare"} <= commands
     assert len(CASES) >= 60
 
 

@@ -291,7 +291,7 @@ def test_compare_equals_sacrebleus_paired_tests(tiny_run, capsys):
 @pytest.mark.parametrize("args, needle", [
     (["{run}", "{tmp}/nowhere"], "is not a run folder"),
     (["{run}@avg9", "{run}"], "needs 9 epoch checkpoints"),
-    (["{run}", "{run}", "--bs-n", "0"], "must be >= 1"),
+    (["{run}", "{run}", "--bs-n", "0"], "argument --bs-n: must be at least 1, not 0"),
 ])
 def test_compare_bad_input_one_line(tiny_run, tmp_path, capsys, args, needle):
     argv = [a.format(run=tiny_run, tmp=tmp_path) for a in args]

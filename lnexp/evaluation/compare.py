@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from lnexp.errors import UserError
+from lnexp.errors import UserError, at_least
 
 TESTS = {"bs": "paired bootstrap", "ar": "approximate randomisation"}
 ALPHA = 0.05  # the significance level the verdict line uses
@@ -35,19 +35,30 @@ def split_spec(spec: str, default: str) -> tuple[Path, str]:
     return Path(spec), default
 
 
-def decode(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+def checked(spec: str, default: str) -> tuple[Any, str]:
+    """(the run, its checkpoint) of one side, checked before either side is decoded: a mistake in
+    B writes nothing into A's folder."""
+    from lnexp.evaluation import checkpoints
+    from lnexp.evaluation.runinfo import open_run
+    from lnexp.rundir import RUN, run_paths
+
+    run_dir, ckpt = split_spec(spec, default)
+    if not run_paths(run_dir)["run"].is_file():
+        raise UserError(f"{run_dir} is not a run folder (no {RUN}): pass two folders that lnexp "
+                        "train wrote, e.g. lnexp compare runs/default runs/placement=pre_ln")
+    run = open_run(run_dir)
+    checkpoints.resolve(run.dir, ckpt)
+    return run, ckpt
+
+
+def decode(run: Any, ckpt: str, args: argparse.Namespace) -> dict[str, Any]:
     """One side: ``lnexp evaluate``'s record (hypotheses, references, BLEU) for RUN@CKPT."""
     from lnexp.evaluation.evaluate import evaluate
-    from lnexp.evaluation.runinfo import open_run
 
-    run_dir, ckpt = split_spec(spec, args.checkpoint)
-    if not (run_dir / "run.json").is_file():
-        raise UserError(f"{run_dir} is not a run folder (no run.json): pass two folders that lnexp "
-                        "train wrote, e.g. lnexp compare runs/default runs/placement=pre_ln")
     ns = SimpleNamespace(checkpoint=ckpt, beam=args.beam, lenpen=args.lenpen,
                          batch_size=args.batch_size, device=args.device, split=args.split,
                          src=None, ref=None, name=None)
-    return evaluate(open_run(run_dir), ns)
+    return evaluate(run, ns)
 
 
 def read_lines(path: str) -> list[str]:
@@ -85,7 +96,8 @@ def sacrebleu_command(refs: str, hyps_a: str, hyps_b: str, test: str, n: int) ->
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
-    a, b = decode(args.run_a, args), decode(args.run_b, args)
+    sides = [checked(spec, args.checkpoint) for spec in (args.run_a, args.run_b)]
+    a, b = (decode(run, ckpt, args) for run, ckpt in sides)
     refs = read_lines(a["refs"])
     if read_lines(b["refs"]) != refs:
         raise UserError(f"{a['run']} and {b['run']} were scored against different references "
@@ -132,13 +144,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("run_b", metavar="RUN_B[@CKPT]", help="the run compared against it")
     ap.add_argument("--split", default="test", choices=("test", "valid"),
                     help="a split of the runs' prepared corpus (default test)")
-    ap.add_argument("--bs-n", type=int, default=1000, help="bootstrap resamples (sacreBLEU's 1000)")
-    ap.add_argument("--ar-n", type=int, default=10000,
+    ap.add_argument("--bs-n", type=at_least(1), default=1000,
+                    help="bootstrap resamples (sacreBLEU's 1000)")
+    ap.add_argument("--ar-n", type=at_least(1), default=10000,
                     help="approximate-randomisation trials (sacreBLEU's 10000)")
     ap.add_argument("--json", action="store_true", help="also print the result as one JSON line")
     args = ap.parse_args(argv)
-    if args.bs_n < 1 or args.ar_n < 1:
-        raise UserError(f"--bs-n {args.bs_n} / --ar-n {args.ar_n}: both must be >= 1")
     quiet()
     result = compare(args)
     print(report(result), flush=True)
