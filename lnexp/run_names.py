@@ -107,10 +107,10 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
         defaults = _default_choices(experiment, compose_raw)
         groups = [(t, o) for t, o in groups
                   if o.key_or_group == "experiment" or _choice(o) != defaults.get(o.key_or_group)]
-    context = task_config(compose_raw([t for t, _ in groups]))  # the group choices alone
+    raw = _task_tree(compose_raw([t for t, _ in groups]))  # the group choices alone
     if full is None:
         if all(_is_group(o) or _is_plain(o) for _, o in parsed):  # as Hydra applies them
-            full = context.copy()
+            full = OmegaConf.create(copy.deepcopy(raw))
             for _, o in parsed:
                 if not _is_group(o):
                     OmegaConf.update(full, o.key_or_group, o.value(), merge=True)
@@ -120,9 +120,7 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
     values = [(t, o) for t, o in parsed if not _is_group(o) and _is_plain(o)
               and _lookup(resolved, o.key_or_group) is not _ABSENT]
     kept = [(t, o) for t, o in parsed if not _is_group(o) and (t, o) not in values] + groups
-    if values:
-        raw = OmegaConf.to_container(context, resolve=False)
-        kept += [(t, o) for t, o in values if not _same_without(o.key_or_group, raw, full, resolved)]
+    kept += [(t, o) for t, o in values if not _same_without(o, raw, full, resolved)]
     items = [_spell(t, o, resolved) for t, o in kept]
     if _lookup(resolved, "schedule.name") == "linear":  # its length is part of what is trained
         items = [s for s in items if s.split("=", 1)[0] not in config.LENGTH_KEYS]
@@ -229,9 +227,19 @@ def default_choices() -> dict[str, str]:
 
 def task_config(cfg: DictConfig) -> DictConfig:
     """The task part of a composed config (Hydra's node dropped), unresolved."""
-    raw = OmegaConf.to_container(cfg, resolve=False)
-    raw.pop("hydra", None)  # type: ignore[union-attr]
-    return OmegaConf.create(raw)
+    return OmegaConf.create(copy.deepcopy(_task_tree(cfg)))
+
+
+_TREES: dict[int, tuple[DictConfig, dict[str, Any]]] = {}
+
+
+def _task_tree(cfg: DictConfig) -> dict[str, Any]:
+    """The task part of a composed config as plain values, unresolved (remembered: do not modify)."""
+    if id(cfg) not in _TREES or _TREES[id(cfg)][0] is not cfg:
+        raw = OmegaConf.to_container(cfg, resolve=False)
+        raw.pop("hydra", None)  # type: ignore[union-attr]
+        _TREES[id(cfg)] = (cfg, raw)  # type: ignore[assignment]
+    return _TREES[id(cfg)][1]
 
 
 def _lookup(tree: Any, key: str) -> Any:
@@ -242,21 +250,22 @@ def _lookup(tree: Any, key: str) -> Any:
     return tree
 
 
-def _same_without(key: str, context: dict[str, Any], full: DictConfig,
-                  resolved: dict[str, Any]) -> bool:
-    """Would ``key`` keep its value if its override were left out? Without it the key has its
-    config-file definition (``context``: composed with the same group choices), evaluated among
-    the run's other values (``full``)."""
+def _same_without(o, context: dict[str, Any], full: DictConfig, resolved: dict[str, Any]) -> bool:
+    """Would the key of override ``o`` keep its value if ``o`` were left out? Without it the key
+    has its config-file definition (``context``: composed with the same group choices), evaluated
+    among the run's other values (``full``, given back as it came)."""
+    key = o.key_or_group
     default = _lookup(context, key)
     if default is _ABSENT:
         return False
     if isinstance(default, str) and "${" in default:  # an interpolation: evaluate it in the run
-        probe = full.copy()
-        OmegaConf.update(probe, key, default, merge=False)
+        OmegaConf.update(full, key, default, merge=False)
         try:
-            default = _select(probe, key)
+            default = _select(full, key)
         except Exception:  # an interpolation that only resolves in its own config
             return False
+        finally:
+            OmegaConf.update(full, key, o.value(), merge=True)
     value = _lookup(resolved, key)
     return isinstance(default, bool) == isinstance(value, bool) and default == value
 

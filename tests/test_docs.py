@@ -89,39 +89,50 @@ def test_command_runs_as_written(page, line, tmp_path):
         assert proc.returncode == 0, out[-2000:]
 
 
-def trained_folders() -> set[str]:
-    """The folders the single-run `lnexp train` commands of the pages and the Makefile write."""
+def training_commands() -> list[tuple[str, list[str]]]:
+    """(runs root, overrides that name the run) of the single-run `lnexp train` commands of the
+    pages and the Makefile, fewest overrides first."""
     from omegaconf import OmegaConf
 
-    from lnexp import config, run_names
+    from lnexp import config
     from lnexp.train.run import _task_overrides
 
     hydra = OmegaConf.load(config.CONFIG_DIR / "train.yaml").hydra
     exclude = set(hydra.job.config.override_dirname.exclude_keys)
-    folders = set()
-    with run_names.composing() as compose_raw:
-        for line in [c for _, c in ALL + PROSE] + MAKE:
-            argv = shlex.split(line)[1:]
-            if argv[0] != "train" or {"-m", "--multirun", "--help", "-h"} & set(argv) or any(
-                    mark in line for mark in ("[", "...", "<")):  # sweeps, help, placeholders
-                continue
-            overrides = _task_overrides(argv[1:])
-            root = next((o.split("=", 1)[1] for o in overrides if o.startswith("runs_root=")), "runs")
-            keep = [o for o in overrides if o.split("=", 1)[0] not in exclude]
-            folders.add(f"{root}/{run_names.name_and_config(keep, compose_raw)[0]}")
-    return folders
+    out = []
+    for line in [c for _, c in ALL + PROSE] + MAKE:
+        argv = shlex.split(line)[1:]
+        if argv[0] != "train" or {"-m", "--multirun", "--help", "-h"} & set(argv) or any(
+                mark in line for mark in ("[", "...", "<")):  # sweeps, help, placeholders
+            continue
+        overrides = _task_overrides(argv[1:])
+        root = next((o.split("=", 1)[1] for o in overrides if o.startswith("runs_root=")), "runs")
+        out.append((root, [o for o in overrides if o.split("=", 1)[0] not in exclude]))
+    return sorted(out, key=lambda c: len(c[1]))
 
 
 def test_run_folders_that_commands_read_are_ones_the_pages_train():
-    folders, wrong = trained_folders(), []
-    assert "runs/default" in folders and "runs/placement=pre_ln" in folders
-    for page, line in ALL + PROSE:
-        argv = shlex.split(line)[1:]
-        if argv[0] not in ("evaluate", "translate", "plot"):
-            continue
-        for arg in argv[1:]:
-            if arg.startswith("runs/") and arg.rstrip("/") != "runs" and arg.rstrip("/") not in folders:
-                wrong.append(f"{page}: `{line}` reads {arg}, which no training command here writes")
+    """A folder is written by a command whose overrides name at least its keys (a name only
+    leaves overrides out) and whose run is named so (lnexp/run_names.py)."""
+    from lnexp import run_names
+
+    commands, wrong = training_commands(), []
+    with run_names.composing() as compose_raw:
+        def trained(folder: str) -> bool:
+            root, _, name = folder.rpartition("/")
+            keys = {i.split("=", 1)[0] for i in name.split(",")} - {"default", "max_epoch", "max_update"}
+            return any(r == root and keys <= {o.split("=", 1)[0] for o in overrides}
+                       and run_names.name_and_config(overrides, compose_raw)[0] == name
+                       for r, overrides in commands)
+
+        assert trained("runs/default") and trained("runs/placement=pre_ln")
+        for page, line in ALL + PROSE:
+            argv = shlex.split(line)[1:]
+            if argv[0] not in ("evaluate", "translate", "plot"):
+                continue
+            for arg in argv[1:]:
+                if arg.startswith("runs/") and arg.rstrip("/") != "runs" and not trained(arg.rstrip("/")):
+                    wrong.append(f"{page}: `{line}` reads {arg}, which no training command here writes")
     assert not wrong, "\n".join(wrong)
 
 
