@@ -14,7 +14,8 @@ last ends) against the sum of their wall times one after another; ratio = total 
 side by side / one after another (1.0: sharing loses nothing; the issue-23 target is >= 0.9; a
 machine whose runs took every core measured about 0.25 for 2 runs on 2 cores). Wall times are of
 whole processes (start-up and the end-of-run validation included), so give enough ``--updates``
-that training dominates. The thread line each run logged first is shown.
+that training dominates. The thread count each run's first log line gave is shown (and the last one,
+if the run changed it as others started or ended).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import _bench as B  # noqa: E402
 
 # the mini model at its default size, warm-up schedule; validation BLEU on a few sentences only
 BASE = ["placement=post_ln", "divergence.plateau_epoch=99", "log_interval=1000"]
-THREADS_LINE = re.compile(r"threads: (\d+) \((.*)\)")
+THREADS_LINE = re.compile(r"threads: (\d+) \((.*)\)", re.M)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:
@@ -85,10 +86,16 @@ def target_tokens(root: Path) -> float:
 
 
 def threads_taken(outputs: list[str]) -> str:
+    """Each run's thread count as its first log line gave it, then (if it changed while the run
+    went on: another run started or ended) the last one, with the last reason."""
     seen = []
     for out in outputs:
-        m = THREADS_LINE.search(out)
-        seen.append(f"{m.group(1)} ({m.group(2)})" if m else "?")
+        found = THREADS_LINE.findall(out)
+        if not found:
+            seen.append("?")
+            continue
+        counts = found[0][0] if found[0][0] == found[-1][0] else f"{found[0][0]}->{found[-1][0]}"
+        seen.append(f"{counts} ({found[-1][1]})")
     return "; ".join(sorted(set(seen)))
 
 

@@ -141,11 +141,11 @@ def _train(cfg: DictConfig, run_dir: Path, dist, paths: dict[str, Path],
     def save(end_of_epoch: bool) -> None:
         state["wall_s"] = time.perf_counter() - t0
         state["saved_update"] = trainer.get_num_updates()
-        _save_checkpoint(trainer, epoch_itr, state, paths)  # first: the logs never run ahead of it
         if end_of_epoch and master:
             runlog.epoch(history)
         elif master:
             runlog.flush_updates()
+        _save_checkpoint(trainer, epoch_itr, state, paths)  # after the logs: they hold its updates
         if master:  # a run that stops now (a full disk) says where it resumes
             n = trainer.get_num_updates()
             beat({"status": "running", "epoch": len(history), "updates": n, "resumes_from": n})
