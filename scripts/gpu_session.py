@@ -87,8 +87,9 @@ def install(wheels: Path, out: Path, work: Path, env: dict[str, str], log: dict)
     script = (f"set -e; {sys.executable} -m venv --system-site-packages --without-pip {venv}; "
               f"cp {work / 'base_env.pth'} \"$({venv}/bin/python -c \"{site}\")/_base_env.pth\"; "
               f"{venv}/bin/python -c 'import torch; print(\"torch before\", torch.__version__)'; "
-              f"{sys.executable} -m pip --python {venv}/bin/python install --no-index --no-compile --find-links {wheels} "
-              f"-q lnexp; {venv}/bin/python -c 'import torch, lnexp; print(\"torch after\", "
+              f"{sys.executable} -m pip --python {venv}/bin/python install --no-index --no-compile "
+              f"--find-links {wheels} -q lnexp; "
+              f"{venv}/bin/python -c 'import torch, lnexp; print(\"torch after\", "
               f"torch.__version__, torch.__file__); print(\"lnexp\", lnexp.__file__)'")
     rc = run_part("install", ["bash", "-c", script], out, BUDGETS["install"], env, log)
     text = (out / "install.log").read_text()

@@ -36,6 +36,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,10 +74,12 @@ def applies(req: Requirement, env: dict[str, str], extras: set[str]) -> bool:
     return any(req.marker.evaluate({**env, "extra": e}) for e in (extras or {""}))
 
 
-def walk(roots: list[Requirement], env: dict[str, str],
-         exclude: set[str]) -> tuple[dict[str, str], list[str]]:
+def walk(roots: list[Requirement], env: dict[str, str], exclude: set[str],
+         wants: dict[str, SpecifierSet] | None = None) -> tuple[dict[str, str], list[str]]:
     """{name: installed version} of every package the roots need (excluded ones not entered), and
-    the requirements that nothing installed here satisfies (downloaded as the newest match)."""
+    the requirements that nothing installed here satisfies (downloaded as the newest match).
+    ``wants`` collects, per package, what its dependents ask of its version."""
+    wants = {} if wants is None else wants
     found: dict[str, str] = {}
     missing: list[str] = []
     seen: set[tuple[str, frozenset[str]]] = set()
@@ -84,6 +87,7 @@ def walk(roots: list[Requirement], env: dict[str, str],
     while todo:
         req = todo.pop()
         name = canonicalize_name(req.name)
+        wants[name] = wants.get(name, SpecifierSet()) & req.specifier
         if name in exclude or (name, frozenset(req.extras)) in seen:
             continue
         seen.add((name, frozenset(req.extras)))
@@ -112,11 +116,12 @@ def have_names(path: Path | None) -> set[str]:
     return names
 
 
-def pip(*args: str) -> None:
+def pip(*args: str, check: bool = True) -> bool:
     cmd = [sys.executable, "-m", "pip", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode:
+    if proc.returncode and check:
         sys.exit(f"wheelhouse: `pip {' '.join(args[:3])} ...` failed:\n{proc.stderr[-2000:]}")
+    return proc.returncode == 0
 
 
 def top_up(out: Path, wanted: dict[str, str], python_version: str, platform_tag: str) -> set[str]:
@@ -194,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     build = [Requirement(r) for r in pyproject["build-system"]["requires"]]
     exclude = {canonicalize_name(x) for x in args.exclude.split(",") if x.strip()}
-    found, missing = walk(roots + build, env, exclude)
+    wants: dict[str, SpecifierSet] = {}
+    found, missing = walk(roots + build, env, exclude, wants)
     # `pip install -e .` builds lnexp in an isolated environment from the wheelhouse: its build
     # requirements stay in, whatever the target has
     have = have_names(args.have) - {canonicalize_name(r.name) for r in build}
@@ -207,9 +213,21 @@ def main(argv: list[str] | None = None) -> int:
     # one pip per few packages, side by side: pip asks the index about one package at a time, and
     # each question waits on the network more than on the CPU
     chunks = [specs[i::args.jobs] for i in range(min(args.jobs, len(specs)))]
+    def fetch(chunk: list[str]) -> list[str]:
+        """Download the chunk; a version installed here that the target's Python has no release of
+        (scipy 1.18 needs Python 3.12) falls back to the newest one the dependents allow."""
+        if pip("download", "--no-deps", "-q", "-d", str(args.out), *target, *chunk, check=False):
+            return []
+        moved = []
+        for spec in chunk:
+            if not pip("download", "--no-deps", "-q", "-d", str(args.out), *target, spec, check=False):
+                name = canonicalize_name(Requirement(spec).name)
+                pip("download", "--no-deps", "-q", "-d", str(args.out), *target, f"{name}{wants[name]}")
+                moved.append(name)
+        return moved
+
     with ThreadPoolExecutor(len(chunks) or 1) as pool:
-        list(pool.map(lambda chunk: pip("download", "--no-deps", "-q", "-d", str(args.out), *target, *chunk),
-                      chunks))
+        not_pinned = sorted(n for moved in pool.map(fetch, chunks) for n in moved)
     for sdist in [*args.out.glob("*.tar.gz"), *args.out.glob("*.zip")]:
         with tempfile.TemporaryDirectory() as tmp:
             pip("wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp, str(sdist))
@@ -222,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     wheels = sorted(w.name for w in args.out.glob("*.whl"))
     manifest = {"python_version": args.python_version, "platform": args.platform,
                 "left_to_target": sorted(exclude), "left_out_target_has": sorted(set(found) & have),
-                "not_installed_here": missing, "wheels": wheels,
+                "not_installed_here": missing, "newest_allowed_not_this_version": not_pinned,
+                "wheels": wheels,
                 "install": f"pip install --no-index --find-links {args.out} lnexp"}
     (args.out / "wheelhouse.json").write_text(json.dumps(manifest, indent=1) + "\n")
     size = sum(w.stat().st_size for w in args.out.glob("*.whl")) / 2**20
@@ -230,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.python_version}, {args.platform}, in {time.time() - t0:.0f} s; left to the target: "
           f"{', '.join(sorted(exclude))}"
           + (f"; left out (the target has them): {len(set(found) & have)}" if have else ""))
+    if not_pinned:
+        print(f"wheelhouse: no release for Python {args.python_version} of the version installed here, "
+              f"the newest its dependents allow instead (their own dependencies not re-read): "
+              f"{', '.join(not_pinned)}")
     if missing:
         print(f"wheelhouse: not installed here, downloaded as the newest match, their own dependencies "
               f"not followed: {', '.join(missing)}")
