@@ -7,7 +7,7 @@
     lnexp compare RUN_A RUN_B              is a BLEU/chrF difference significant (sacreBLEU's paired tests)
     lnexp translate RUN                    stdin sentences -> translations on stdout
     lnexp plot RUN ... --out FILE          any runs' curves in one figure
-    lnexp figure {fig2,fig3,fig4,atlas,theory,report}
+    lnexp figure NAME [options]            a paper figure or the report (lnexp figure --help lists them)
 """
 
 from __future__ import annotations

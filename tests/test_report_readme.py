@@ -92,3 +92,19 @@ def test_checks_round_trip_and_older_files(tmp_path):
     (tmp_path / "bad_checks.json").write_text(json.dumps({"checks": [{"claim": "no id"}]}))
     with pytest.raises(UserError, match=r"bad_checks.json is not a figure's checks file \(no 'id'\): rerun"):
         read_checks(tmp_path / "bad_checks.json")
+
+
+def test_figures_register_themselves(capsys):
+    """Each figure module's FIGURE: `lnexp figure --help` and the report list them in report order,
+    and every experiment a figure draws has its config at every scale."""
+    from lnexp.config import CONFIG_DIR
+    from lnexp.figures import cli, registry
+    from lnexp.names import SCALES
+
+    figs = registry.figures()
+    assert list(figs) == ["fig3", "theory", "fig2", "fig4", "atlas"]
+    assert cli.main(["--help"]) == 0
+    assert "usage: lnexp figure {fig3,theory,fig2,fig4,atlas,report}" in capsys.readouterr().out
+    missing = [e for f in figs.values() for s in SCALES for e in f.experiments(s)
+               if not (CONFIG_DIR / "experiment" / f"{e}.yaml").is_file()]
+    assert not missing and figs["fig4"].experiments("paper") == ["fig4_paper", "fig4_wmt_paper"]

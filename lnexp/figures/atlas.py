@@ -25,6 +25,7 @@ from typing import Any
 
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
+from lnexp.figures.figure import Figure
 from lnexp.figures.measured import write_csv
 from lnexp.names import PLACEMENTS
 from lnexp.results import Run
@@ -39,6 +40,14 @@ CELL_FIELDS = ("placement", "lr", "warmup", "residual_scale", "seeds", "trained"
                "diverged", "missing", "mean_valid_loss", "spread_valid_loss", "stable")
 NORM_FIELDS = ("run", "placement", "lr", "warmup", "residual_scale", "seed", "update", "side", "layer",
                "hidden_rms")
+
+
+FIGURE = Figure(
+    "atlas", "stability atlas: placement x peak lr x warm-up (x dt), trained/stalled/diverged",
+    "Stability atlas: placement x peak lr x warm-up x dt (Kim et al. 2025, Kan et al. 2025)", order=5,
+    experiments=lambda scale: [f"atlas_{scale}", f"atlas_dt_{scale}"], images=("atlas_stability",),
+    summary_columns=("placement", "lr", "warmup", "residual_scale", "seeds", "trained", "plateau", "diverged",
+                     "missing", "mean_valid_loss", "spread_valid_loss", "stable"))
 
 
 def outcome(run: Run) -> str:
@@ -505,7 +514,7 @@ def main(argv: list[str]) -> int:
 
     ap = R.parser("atlas", "stability atlas: placement x peak lr x warm-up (x dt), trained/stalled/diverged")
     args = ap.parse_args(argv)
-    exps = [f"atlas_{args.scale}", f"atlas_dt_{args.scale}"]
+    exps = FIGURE.experiments(args.scale)
     found = R.select(args.runs_root, exps)
     runs = [r for e in exps for r in found[e]]
     if not runs:

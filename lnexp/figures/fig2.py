@@ -20,6 +20,7 @@ from typing import Any
 
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
+from lnexp.figures.figure import Figure
 from lnexp.results import Run
 from lnexp.stats import summarise
 
@@ -29,6 +30,12 @@ BLEU_FRACTION = 1 / 3  # mean BLEU without warm-up <= this x mean BLEU with warm
 
 PAPER_WARMUP = {"mini": {0: "none", 13: "500", 100: "4000"}, "gpu": {0: "none", 58: "500", 465: "4000"},
                 "paper": {0: "none", 500: "500", 4000: "4000"}}
+
+
+FIGURE = Figure(
+    "fig2", "warm-up ablation with Post-LN (Xiong et al. Fig. 2), from finished runs",
+    "Warm-up ablation with Post-LN (Fig. 2)", order=3,
+    experiments=lambda scale: [f"fig2_{scale}", f"fig2_low_lr_{scale}", f"fig2_sgd_{scale}"])
 
 
 def _label(run: Run, scale: str) -> str:
@@ -211,7 +218,7 @@ def main(argv: list[str]) -> int:
 
     ap = R.parser("fig2", "warm-up ablation with Post-LN (Xiong et al. 2020, Fig. 2)")
     args = ap.parse_args(argv)
-    exps = [f"fig2_{args.scale}", f"fig2_low_lr_{args.scale}", f"fig2_sgd_{args.scale}"]
+    exps = FIGURE.experiments(args.scale)
     found = R.select(args.runs_root, exps)
     adam, sgd = found[exps[0]] + found[exps[1]], found[exps[2]]
     if not any(r.metrics for r in adam + sgd):

@@ -32,6 +32,7 @@ from typing import Any
 from lnexp.errors import UserError, at_least
 from lnexp.figures import measured
 from lnexp.figures.checks import Check, print_checks, read_checks
+from lnexp.figures.figure import Figure
 from lnexp.rundir import run_paths
 
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
@@ -42,6 +43,11 @@ SUMMARY_FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "s
 GROWTH = 1.2  # last/first layer ratio above which gradients "grow toward the output layer"
 FLAT = 1.3  # max/min ratio across depths up to which a gradient "does not depend on depth"
 FAR_BELOW = 0.5  # after warm-up / at init ratio up to which it is "far below"
+
+
+FIGURE = Figure(
+    "fig3", "gradient norms at initialisation (Fig. 3); measures, no training runs needed",
+    "Gradient norms at initialisation (Fig. 3)", order=1)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -15,7 +15,13 @@ from typing import Any
 
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
+from lnexp.figures.figure import Figure
 from lnexp.results import Run
+
+FIGURE = Figure(
+    "fig4", "convergence speed, Pre-LN without warm-up vs Post-LN (Fig. 4), from finished runs",
+    "Convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)", order=4,
+    experiments=lambda scale: [f"fig4_{scale}"] + (["fig4_wmt_paper"] if scale == "paper" else []))
 
 
 def arm(run: Run) -> str:
@@ -115,7 +121,7 @@ def main(argv: list[str]) -> int:
 
     ap = R.parser("fig4", "convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)")
     args = ap.parse_args(argv)
-    exps = [f"fig4_{args.scale}"] + (["fig4_wmt_paper"] if args.scale == "paper" else [])
+    exps = FIGURE.experiments(args.scale)
     found = R.select(args.runs_root, exps)
     main_runs = found[exps[0]]
     if not any(r.metrics for r in main_runs):

@@ -19,22 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.figures import registry
 from lnexp.figures.checks import Check, all_required_hold, read_checks, thresholded
 from lnexp.names import SCALES, describe_arch
 from lnexp.rundir import read_json, run_paths, write_text
 
-SECTIONS = [
-    ("fig3", "Gradient norms at initialisation (Fig. 3)"),
-    ("theory", "Theory at initialisation (lemmas, hidden-state growth)"),
-    ("fig2", "Warm-up ablation with Post-LN (Fig. 2)"),
-    ("fig4", "Convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)"),
-    ("atlas", "Stability atlas: placement x peak lr x warm-up x dt (Kim et al. 2025, Kan et al. 2025)"),
-]
-EXTRA_IMAGES = {"atlas": ("atlas_stability",)}  # figures drawn beside NAME.png
 RUN_COLUMNS = ["run", "lr", "warmup", "seed", "status", "diverged_update", "final_epoch",
                "final_valid_loss", "final_valid_loss_nats", "final_valid_bleu"]
-SUMMARY_COLUMNS = {"atlas": ["placement", "lr", "warmup", "residual_scale", "seeds", "trained", "plateau",
-                             "diverged", "missing", "mean_valid_loss", "spread_valid_loss", "stable"]}
 SCALE_TEXT = {
     "mini": (f"mini: {describe_arch('ln_transformer_mini')}, shared embeddings, label smoothing 0.1, "
              "dropout 0.1, 4096 tokens per batch (~130 updates per Multi30k epoch), greedy decoding "
@@ -147,8 +138,8 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
     if scale == "mini":
         out += [MINI_MAPPING]
     summary = []
-    for name, title in SECTIONS:
-        out += [f"## {title}", ""]
+    for name, fig in registry.figures().items():
+        out += [f"## {fig.title}", ""]
         read = read_checks(figures / f"{name}_checks.json")
         doc, checks = read if read is not None else (None, [])
         png = figures / f"{name}.png"
@@ -158,7 +149,7 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
             continue
         if doc is not None and doc.get("scale") not in (None, scale):
             out += [f"(these files were made at scale `{doc.get('scale')}`, not `{scale}`)", ""]
-        for img in (name, *EXTRA_IMAGES.get(name, ())):
+        for img in (name, *fig.images):
             if (figures / f"{img}.png").is_file():
                 out += [f"![{img}]({rel}/{img}.png)", ""]
         rows = check_rows(checks)
@@ -176,7 +167,7 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
         else:
             out += [f"no checks file ({name}_checks.json)", ""]
             summary.append((name, "figure only"))
-        out += _summary_table(figures / f"{name}_summary.csv", SUMMARY_COLUMNS.get(name, RUN_COLUMNS))
+        out += _summary_table(figures / f"{name}_summary.csv", list(fig.summary_columns or RUN_COLUMNS))
     out += ["## Summary", "", "| figure | result |", "|---|---|"]
     out += [f"| {n} | {v} |" for n, v in summary]
     out += ["", "Numbers above are read from the figures' CSV and JSON files; regenerate with "
@@ -217,19 +208,19 @@ def new_claims(figures: Path, scale: str) -> dict[str, tuple[list[str], str | No
     """Per figure with a checks file: its table rows (required claims with a threshold) and its
     informational note (figures whose claims are all informational)."""
     out = {}
-    for name, title in SECTIONS:
+    for name, fig in registry.figures().items():
         path = figures / f"{name}_checks.json"
         read = read_checks(path)
         if read is None:
             continue
         doc, checks = read
         when = measured_on(path, doc, scale)
-        rows = [f"| {_row_title(title)} | {r['claim']} | {r['paper']} | {r['ours']} | {r['holds']} | "
+        rows = [f"| {_row_title(fig.title)} | {r['claim']} | {r['paper']} | {r['ours']} | {r['holds']} | "
                 f"{when} |" for r in check_rows(thresholded(checks))]
         note = None
         if checks and not any(c.required for c in checks):  # claims tested, none required
             supported = claims_supported(doc, checks)
-            note = f"{_note_title(title)}: {supported} claims supported by our runs ({when})"
+            note = f"{_note_title(fig.title)}: {supported} claims supported by our runs ({when})"
         out[name] = (rows, note)
     return out
 
@@ -240,8 +231,8 @@ def old_claims(block: str) -> dict[str, tuple[list[str], str | None]]:
     scale = (_SCALE.findall(block) or ["mini"])[0]
     dates = _DATE.findall(block.split("\n| figure ")[0])
     when = f"{scale}, {dates[0]}" if dates else f"{scale}, date unknown"
-    by_row = {_row_title(t): n for n, t in SECTIONS}
-    by_note = {_note_title(t): n for n, t in SECTIONS}
+    by_row = {_row_title(f.title): n for n, f in registry.figures().items()}
+    by_note = {_note_title(f.title): n for n, f in registry.figures().items()}
     out: dict[str, tuple[list[str], str | None]] = {}
     for line in block.splitlines():
         if line.startswith("| ") and not line.startswith("| figure |"):
@@ -270,7 +261,7 @@ def claims_table(figures: Path, scale: str, old_block: str = "") -> str:
     rows: list[str] = []
     notes: list[str] = []
     missing = []
-    names = [n for n, _ in SECTIONS] + [n for n in kept if n not in dict(SECTIONS)]
+    names = [*registry.figures()] + [n for n in kept if n not in registry.figures()]
     for name in names:
         figure_rows, note = fresh.get(name) or kept.get(name) or ([], None)
         if name not in fresh and name not in kept:

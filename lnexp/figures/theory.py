@@ -29,6 +29,7 @@ from typing import Any
 from lnexp.errors import at_least
 from lnexp.figures import measured
 from lnexp.figures.checks import Check
+from lnexp.figures.figure import Figure
 
 LEMMA_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 KAN_CONFIGS = (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
@@ -38,6 +39,11 @@ SUMMARY_FIELDS = ("setting", "placement", "residual_scale", "state", "side", "la
                   "quantity", "mean", "std", "n")
 POST_TOL = 0.2  # |E‖x^{post,5}‖²/d − 3/2| allowed at every layer
 JAC_TOL = 0.01  # relative deviation of ‖J_LN‖₂ from √d/‖x‖ for centred x
+
+
+FIGURE = Figure(
+    "theory", "the paper's lemmas and hidden-state growth at initialisation",
+    "Theory at initialisation (lemmas, hidden-state growth)", order=2)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
