@@ -48,9 +48,8 @@ def parser() -> ArgumentParser:
 
 def _usage(name: str, corpus: Corpus) -> str:
     """``lnexp prepare iwslt14 --archive PATH``: one corpus's command line, for the help's end."""
-    opts = [f"{o.flag} {o.metavar or o.dest.upper()}" for o in corpus.options]
-    return f"  lnexp prepare {name} " + " ".join(o if corpus.options[i].required else f"[{o}]"
-                                                  for i, o in enumerate(opts))
+    words = [(o, f"{o.flag} {o.metavar or o.dest.upper()}") for o in corpus.options]
+    return f"  lnexp prepare {name} " + " ".join(w if o.required else f"[{w}]" for o, w in words)
 
 
 def setup_logging() -> None:

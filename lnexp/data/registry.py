@@ -1,7 +1,7 @@
 """The corpora, found rather than listed: every ``configs/dataset/*.yaml`` names its ``corpus:``,
-and ``lnexp/data/CORPUS.py`` registers it (its ``CORPUS``, a :class:`lnexp.data.corpus.Corpus`). ``lnexp
-prepare`` builds its sub-commands from them, training finds or prepares the dataset through them,
-and a new corpus is its module and its YAML.
+and ``lnexp/data/CORPUS.py`` registers it (its ``CORPUS``, a :class:`lnexp.data.corpus.Corpus`).
+``lnexp prepare`` builds its sub-commands from them, training finds or prepares the dataset through
+them, and a new corpus is its module and its YAML.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def default_vocab(name: str) -> int:
 
 
 def get(name: str) -> Corpus:
+    """The corpus a dataset config names; an unknown one is a DataError naming the configs."""
     known = corpora()
     if name not in known:
         from lnexp.config import CONFIG_DIR

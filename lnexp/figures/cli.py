@@ -11,15 +11,15 @@ REPORT = "report/README.md: every figure and claim-by-claim table"
 
 
 def main(argv: list[str]) -> int:
-    FIGURES = {**{name: f.help for name, f in figures().items()}, "report": REPORT}
+    commands = {**{name: f.help for name, f in figures().items()}, "report": REPORT}
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lnexp figure {" + ",".join(FIGURES) + "} [--help]\n")
-        for name, help_ in FIGURES.items():
+        print("usage: lnexp figure {" + ",".join(commands) + "} [--help]\n")
+        for name, help_ in commands.items():
             print(f"  {name:<7} {help_}")
         return 0
     name = argv[0]
-    if name not in FIGURES:
-        print(f"lnexp figure: unknown figure {name!r}; use one of {', '.join(FIGURES)}",
+    if name not in commands:
+        print(f"lnexp figure: unknown figure {name!r}; use one of {', '.join(commands)}",
               file=sys.stderr)
         return 2
     return int(importlib.import_module(f"lnexp.figures.{name}").main(argv[1:]) or 0)
