@@ -1,13 +1,13 @@
 """``lnexp`` command line: thin dispatch, heavy imports only inside the chosen command.
 
     lnexp train [hydra overrides]          one run, or a sweep with -m
-    lnexp prepare {multi30k,iwslt14,wmt14} prepare a corpus offline
+    lnexp prepare CORPUS [ARGS]            prepare a corpus offline (lnexp prepare --help lists them)
     lnexp results [filters] [--csv]        table of runs
     lnexp evaluate RUN ... [--split test]  test-set BLEU (sacreBLEU, chrF) of trained runs
     lnexp compare RUN_A RUN_B              is a BLEU/chrF difference significant (sacreBLEU's paired tests)
     lnexp translate RUN                    stdin sentences -> translations on stdout
     lnexp plot RUN ... --out FILE          any runs' curves in one figure
-    lnexp figure {fig2,fig3,fig4,atlas,theory,report}
+    lnexp figure NAME [options]            a paper figure or the report (lnexp figure --help lists them)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 COMMANDS = {
     "train": ("lnexp.train.run", "one training run (Hydra overrides; -m for a sweep)"),
-    "prepare": ("lnexp.data.cli", "prepare multi30k, iwslt14 or wmt14 offline"),
+    "prepare": ("lnexp.data.cli", "prepare a corpus offline (lnexp prepare --help lists them)"),
     "results": ("lnexp.results", "list runs and their best scores (--csv to export)"),
     "evaluate": ("lnexp.evaluation.evaluate", "test-set BLEU/chrF of runs (best, last or avgN)"),
     "compare": ("lnexp.evaluation.compare", "BLEU/chrF difference of two runs and its p-value"),

@@ -143,3 +143,50 @@ def test_subprocess_one_line(tmp_path):
         f"lnexp prepare: error: no such file or folder: {tmp_path / 'missing.tgz'} (pass the "
         "downloaded de-en.tgz or the folder it unpacks to)"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_corpus_is_its_module_and_its_yaml(tmp_path, monkeypatch, capsys):
+    """A dataset YAML naming corpus `toy` and a module lnexp.data.toy with a CORPUS: `lnexp
+    prepare toy` exists, with its options, its YAML's vocabulary size and its help line; a YAML
+    whose corpus has no registration is a one-line error naming the fix."""
+    import shutil
+    import types
+
+    from lnexp import config
+    from lnexp.data import cli, registry
+    from lnexp.data.corpus import Corpus, Option, PreparedData
+
+    configs = tmp_path / "configs"
+    shutil.copytree(config.CONFIG_DIR / "dataset", configs / "dataset")
+    (configs / "dataset" / "toy_xx_yy.yaml").write_text("name: toy_xx_yy\ncorpus: toy\nvocab_size: 123\n")
+    calls = []
+
+    def toy_prepare(size, subword, vocab_size, root):
+        calls.append((size, subword, vocab_size, root))
+        return PreparedData("toy_xx_yy", "xx", "yy", "b", "t", subword, "m", False,
+                            {"train": size, "valid": 1, "test": 1})
+
+    toy = types.ModuleType("lnexp.data.toy")
+    toy.CORPUS = Corpus(
+        help="a toy corpus", prepare=toy_prepare, eval_text=lambda lines, lang: lines,
+        options=(Option("--size", "size", "pairs", type=int, required=True),))
+    monkeypatch.setitem(sys.modules, "lnexp.data.toy", toy)
+    monkeypatch.setattr(config, "CONFIG_DIR", configs)
+    registry.datasets.cache_clear()
+    registry.corpora.cache_clear()
+    try:
+        assert "toy                 a toy corpus" in cli.parser().format_help()
+        rc, out, _ = prepare(capsys, "toy", "--size", "5", "--cache", str(tmp_path / "cache"))
+        assert rc == 0 and calls == [(5, "sentencepiece", 123, tmp_path / "cache")]
+        assert "toy_xx_yy: train 5 / valid 1 / test 1 sentence pairs" in out
+        (configs / "dataset" / "nope.yaml").write_text("name: nope\ncorpus: nope\nvocab_size: 1\n")
+        registry.datasets.cache_clear()
+        registry.corpora.cache_clear()
+        rc, _, err = prepare(capsys, "toy", "--size", "5")
+        assert rc == 2 and err.strip().splitlines() == [
+            "lnexp prepare: error: configs/dataset names corpus 'nope', but lnexp/data/nope.py does not "
+            "register it: give that module a CORPUS = Corpus(...)"]
+    finally:
+        registry.datasets.cache_clear()
+        registry.corpora.cache_clear()
+

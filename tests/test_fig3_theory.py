@@ -51,12 +51,13 @@ def test_fig3_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     # the same seed draws the same batch for every placement: same batch size
     by_seed = {(r["seed"], r["batch_tokens"]) for r in rows}
     assert len({s for s, _ in by_seed}) == len(by_seed) == 2
-    names = set(checks["checks"])
+    names = {c["id"] for c in checks["checks"]}
     assert {"post_ln_last_w2_flat_across_depth", "pre_ln_last_w2_falls_with_depth",
             "post_ln_w2_growth_toward_output", "pre_ln_w2_growth_toward_output",
             "post_ln_after_warmup_far_below_init"} <= names
-    for c in checks["checks"].values():
-        assert {"value", "pass", "claim"} <= set(c)
+    for c in checks["checks"]:
+        assert {"id", "claim", "paper", "ours", "measured", "pass", "required"} == set(c)
+        assert "value" in c["measured"]
     assert checks["meta"]["after_warmup"]["updates"] == 2
     s = {(r["series"], r["depth"], r["side"], r["layer"], r["param"]): r for r in summary}
     assert s[("post_ln_init", "3", "decoder", "3", "W2")]["n"] == "2"
@@ -84,7 +85,7 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
              "--train-tokens", "300", "--out", str(out), "--runs-root", str(tmp_path / "runs"),
              "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
     rows, summary, checks = _outputs(out, "theory")
-    c = checks["checks"]
+    c = {c["id"]: c for c in checks["checks"]}
     # the lemmas hold in the simplified setting even at d=128
     assert c["post_ln_pre_last_ln_sq_norm"]["pass"] is True
     assert c["pre_ln_sq_norm_within_bounds"]["pass"] is True

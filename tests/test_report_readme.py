@@ -10,21 +10,20 @@ import pytest
 
 from lnexp.errors import UserError
 from lnexp.figures import report
+from lnexp.figures.checks import Check, write_checks
 from tests.conftest import REPO
 
 
 def test_readme_claims_block_is_rewritten_from_checks(tmp_path):
     figures = tmp_path / "figures"
     figures.mkdir()
-    (figures / "fig4_checks.json").write_text(json.dumps({"scale": "mini", "checks": [
-        {"claim": "Pre-LN reaches Post-LN's loss sooner", "paper": "~1.7x", "measured_text": "1.74x",
-         "pass": True},
-        {"claim": "informational row", "paper": "-", "measured_text": "x", "pass": False,
-         "required": False}]}))
-    (figures / "atlas_checks.json").write_text(json.dumps({"scale": "mini", "claims_supported": "1 of 2",
-                                                          "checks": [
-        {"claim": "Peri-LN at a higher lr", "ours": "both to the top", "pass": None, "required": False},
-        {"claim": "dt < 1 never less stable", "ours": "4 comparisons", "pass": True, "required": False}]}))
+    write_checks(figures, "fig4", "mini", [
+        Check("sooner", "Pre-LN reaches Post-LN's loss sooner", "~1.7x", {}, "1.74x", True),
+        Check("info", "informational row", "-", {}, "x", False, required=False)], {})
+    write_checks(figures, "atlas", "mini", [
+        Check("higher", "Peri-LN at a higher lr", "", {}, "both to the top", None, required=False),
+        Check("dt", "dt < 1 never less stable", "", {}, "4 comparisons", True, required=False)],
+        {"claims_supported": "1 of 2"})
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n\n{report.README_BEGIN}\nold table\n{report.README_END}\n\nafter\n")
     assert report.main(["--figures", str(figures), "--out", str(tmp_path / "report"), "--runs-root",
@@ -54,8 +53,7 @@ def test_report_never_erases_readmes_measured_rows(tmp_path):
     fig3_rows = [ln for ln in block.splitlines() if ln.startswith("| Gradient norms at init")]
     assert fig3_rows and "Not run yet" not in block
     figures.mkdir()
-    (figures / "fig4_checks.json").write_text(json.dumps({"scale": "mini", "checks": [
-        {"claim": "Pre-LN sooner", "paper": "1.67x", "measured_text": "1.80x", "pass": True}]}))
+    write_checks(figures, "fig4", "mini", [Check("sooner", "Pre-LN sooner", "1.67x", {}, "1.80x", True)], {})
     assert report.main(args) == 0
     text = readme.read_text()
     today = time.strftime("%Y-%m-%d")
@@ -71,3 +69,42 @@ def test_readme_without_markers_is_a_one_line_error(tmp_path):
     with pytest.raises(UserError, match="has no claims block"):
         report.update_readme(tmp_path / "README.md", tmp_path / "figures", "mini")
     assert (tmp_path / "README.md").read_text() == "no block here\n"
+
+
+def test_checks_round_trip_and_older_files(tmp_path):
+    """A Check reads back as written; fig3/theory files of the older {"name": {...}} form give
+    the rows their Check would; a file of any other shape is a one-line error."""
+    from lnexp.figures.checks import read_checks
+
+    new = [Check.of_value("flat", "W2 flat across depth", 1.1328, True, threshold=1.3),
+           Check.of_value("kan", "mean |x| last/input (reported)", "3/5 layers", None)]
+    write_checks(tmp_path, "fig3", "mini", new, {"meta": {"depths": [2, 3]}})
+    doc, got = read_checks(tmp_path / "fig3_checks.json")
+    assert got == new and doc["meta"] == {"depths": [2, 3]} and doc["all_required_pass"] is True
+    (tmp_path / "old_checks.json").write_text(json.dumps({"figure": "fig3", "all_pass": True, "checks": {
+        "flat": {"value": 1.1328, "pass": True, "claim": "W2 flat across depth", "threshold": 1.3},
+        "kan": {"value": "3/5 layers", "pass": None, "claim": "mean |x| last/input (reported)"}}}))
+    _, old = read_checks(tmp_path / "old_checks.json")
+    assert report.check_rows(old) == report.check_rows(new) == [
+        {"claim": "W2 flat across depth", "paper": "", "ours": "1.133", "holds": "yes"},
+        {"claim": "mean \\|x\\| last/input (reported)", "paper": "", "ours": "3/5 layers",
+         "holds": "reported (no threshold)"}]
+    (tmp_path / "bad_checks.json").write_text(json.dumps({"checks": [{"claim": "no id"}]}))
+    with pytest.raises(UserError, match=r"bad_checks.json is not a figure's checks file \(no 'id'\): rerun"):
+        read_checks(tmp_path / "bad_checks.json")
+
+
+def test_figures_register_themselves(capsys):
+    """Each figure module's FIGURE: `lnexp figure --help` and the report list them in report order,
+    and every experiment a figure draws has its config at every scale."""
+    from lnexp.config import CONFIG_DIR
+    from lnexp.figures import cli, registry
+    from lnexp.names import SCALES
+
+    figs = registry.figures()
+    assert list(figs) == ["fig3", "theory", "fig2", "fig4", "atlas"]
+    assert cli.main(["--help"]) == 0
+    assert "usage: lnexp figure {fig3,theory,fig2,fig4,atlas,report}" in capsys.readouterr().out
+    missing = [e for f in figs.values() for s in SCALES for e in f.experiments(s)
+               if not (CONFIG_DIR / "experiment" / f"{e}.yaml").is_file()]
+    assert not missing and figs["fig4"].experiments("paper") == ["fig4_paper", "fig4_wmt_paper"]

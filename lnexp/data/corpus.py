@@ -3,7 +3,8 @@
 Every corpus is prepared in three cached stages under ``<cache>/<name>/``:
 ``text/`` (word-level ``{train,valid,test}.{src,tgt}``: the BLEU references; written by the corpus's
 own module), ``subword/`` (``subword.py``) and ``bin/`` (fairseq-binarised, joined dictionary:
-``binarize.py``). ``prepared.json`` describes the result.
+``binarize.py``). ``prepared.json`` describes the result. Each corpus module registers itself with a
+:class:`Corpus` (its ``CORPUS``), which :mod:`lnexp.data.registry` finds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from lnexp.data.binarize import binarize_stage
 from lnexp.data.cache import cache_root, cached_stage
@@ -46,6 +48,36 @@ class PreparedData:
     def decoder(self) -> Callable[[str], str]:
         """Subword pieces -> the text level of ``text_dir``."""
         return piece_decoder(self.subword, Path(self.subword_model))
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of ``lnexp prepare NAME``: its flag fills the keyword ``dest`` of the corpus's
+    ``prepare``."""
+
+    flag: str
+    dest: str
+    help: str
+    type: Callable[[str], Any] = Path
+    required: bool = False
+    metavar: str | None = None
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A corpus's registration. ``prepare(**options, subword=, vocab_size=, root=)`` builds it in
+    the cache; ``eval_text(lines, lang)`` brings raw sentences to its ``text/`` level. ``hint``: the
+    command that prepares it, named when training finds it missing; a corpus without one (the
+    shipped Multi30k) is prepared on first use from the dataset config instead, by
+    ``prepare_dataset(dataset, root)``, after ``check_dataset(dataset)`` before any run starts."""
+
+    help: str
+    prepare: Callable[..., PreparedData]
+    eval_text: Callable[[list[str], str], list[str]]
+    options: tuple[Option, ...] = ()
+    hint: str | None = None
+    check_dataset: Callable[[Any], None] | None = None
+    prepare_dataset: Callable[[Any, Path], PreparedData] | None = None
 
 
 def build_from_text(

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from lnexp.data import moses
 from lnexp.data.cache import cache_root, is_fresh
-from lnexp.data.corpus import PreparedData, build_from_text
+from lnexp.data.corpus import Corpus, Option, PreparedData, build_from_text
 from lnexp.data.text import write_lines
 from lnexp.errors import DataError
 
@@ -282,3 +282,10 @@ def prepare(archive: Path, subword: str = "sentencepiece", vocab_size: int = 100
 
     return build_from_text(NAME, SRC, TGT, build, release.inputs, settings, subword, vocab_size,
                            tokenized=True, root=root)
+
+
+CORPUS = Corpus(
+    help="IWSLT'14 de-en, as prepare-iwslt14.sh", prepare=prepare, eval_text=eval_text,
+    options=(Option("--archive", "archive", "the IWSLT 2014 de-en release: de-en.tgz, or the folder it "
+                    "unpacks to", required=True, metavar="PATH"),),
+    hint="lnexp prepare iwslt14 --archive PATH/de-en.tgz")

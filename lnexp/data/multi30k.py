@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lnexp.data.corpus import PreparedData, build_from_text
+from lnexp.data.cache import cache_root, is_fresh
+from lnexp.data.corpus import Corpus, Option, PreparedData, build_from_text
 from lnexp.data.text import read_parallel, write_lines
+from lnexp.errors import ConfigError, DataError
 
 FILES = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 
@@ -29,13 +31,49 @@ def prepare(raw_dir: Path | None = None, src: str = "de", tgt: str = "en",
             subword: str = "sentencepiece", vocab_size: int = 8000,
             root: Path | None = None) -> PreparedData:
     raw_dir = Path(raw_dir or default_dir())
+    if not raw_dir.is_dir():
+        raise ConfigError(f"no such folder: {raw_dir} (--dir or dataset.dir: the folder holding the "
+                          "Multi30k {train,val,test_2016_flickr}.{de,en}.gz files)")
     inputs = [raw_dir / f"{stem}.{lang}.gz" for stem in FILES.values() for lang in (src, tgt)]
+    name, settings = f"multi30k_{src}_{tgt}", {"raw": "strip"}
+    pairs = None
+    if not is_fresh(Path(root or cache_root()) / name / "text", inputs, settings):
+        pairs = read_pairs(raw_dir, src, tgt)  # input errors surface before any stage starts
 
     def make_text(out: Path) -> None:
-        for split, stem in FILES.items():
-            s, t = read_parallel(raw_dir / f"{stem}.{src}.gz", raw_dir / f"{stem}.{tgt}.gz")
+        for split, (s, t) in (pairs or read_pairs(raw_dir, src, tgt)).items():
             write_lines(out / f"{split}.{src}", eval_text(s, src))
             write_lines(out / f"{split}.{tgt}", eval_text(t, tgt))
 
-    return build_from_text(f"multi30k_{src}_{tgt}", src, tgt, make_text, inputs,
-                           {"raw": "strip"}, subword, vocab_size, tokenized=False, root=root)
+    return build_from_text(name, src, tgt, make_text, inputs, settings, subword, vocab_size,
+                           tokenized=False, root=root)
+
+
+def read_pairs(raw_dir: Path, src: str, tgt: str) -> dict[str, tuple[list[str], list[str]]]:
+    """Each split's source and target lines (line-aligned, or a DataError)."""
+    return {split: read_parallel(raw_dir / f"{stem}.{src}.gz", raw_dir / f"{stem}.{tgt}.gz")
+            for split, stem in FILES.items()}
+
+
+def check_dataset(dataset) -> None:
+    """Before any run starts: the raw files of ``dataset.dir`` (or the shipped copy) are there."""
+    raw = Path(dataset.get("dir") or default_dir())
+    missing = [f"{stem}.{lang}.gz" for stem in FILES.values()
+               for lang in (dataset.src, dataset.tgt) if not (raw / f"{stem}.{lang}.gz").is_file()]
+    if missing:
+        raise DataError(f"{raw} lacks {', '.join(missing)}: point dataset.dir at a folder with "
+                        "Multi30k's raw *.gz files (or drop it to use the shipped copy)")
+
+
+def prepare_dataset(dataset, root: Path) -> PreparedData:
+    """Prepared on first use, from the dataset config (training needs no `lnexp prepare`)."""
+    raw = dataset.get("dir")
+    return prepare(Path(raw) if raw else None, src=dataset.src, tgt=dataset.tgt,
+                   subword=dataset.subword, vocab_size=int(dataset.vocab_size), root=root)
+
+
+CORPUS = Corpus(
+    help="Multi30k de-en (shipped with lnexp)", prepare=prepare, eval_text=eval_text,
+    options=(Option("--dir", "raw_dir", "folder with {train,val,test_2016_flickr}.{de,en}.gz "
+                    "(default: the shipped data/multi30k)", metavar="DIR"),),
+    check_dataset=check_dataset, prepare_dataset=prepare_dataset)

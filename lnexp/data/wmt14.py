@@ -44,10 +44,10 @@ from pathlib import Path
 
 from lnexp.data import moses
 from lnexp.data.cache import cache_root, is_fresh
-from lnexp.data.corpus import PreparedData, build_from_text
+from lnexp.data.corpus import Corpus, Option, PreparedData, build_from_text
 from lnexp.data.iwslt14 import SEG_CLOSE, SEG_OPEN
 from lnexp.data.text import write_lines
-from lnexp.errors import ConfigError, DataError
+from lnexp.errors import ConfigError, DataError, at_least
 
 log = logging.getLogger("lnexp.data")
 
@@ -234,3 +234,12 @@ def prepare(dir: Path, max_train_pairs: int | None = None, subword: str = "sente
 
     return build_from_text(NAME, SRC, TGT, build, layout.inputs, settings, subword, vocab_size,
                            tokenized=True, root=root)
+
+
+CORPUS = Corpus(
+    help="WMT'14 en-de, as prepare-wmt14en2de.sh", prepare=prepare, eval_text=eval_text,
+    options=(Option("--dir", "dir", "folder holding europarl-v7, commoncrawl, news-commentary-v9, "
+                    "newstest2013 and newstest2014 (searched recursively)", required=True),
+             Option("--max-train-pairs", "max_train_pairs", "use only the first N training pairs "
+                    "(smoke runs)", type=at_least(1), metavar="N")),
+    hint="lnexp prepare wmt14 --dir PATH")

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lnexp.figures import runs as R
+from lnexp.figures.checks import Check, write_checks
+from lnexp.figures.figure import Figure
 from lnexp.figures.measured import write_csv
 from lnexp.names import PLACEMENTS
 from lnexp.results import Run
@@ -38,6 +40,14 @@ CELL_FIELDS = ("placement", "lr", "warmup", "residual_scale", "seeds", "trained"
                "diverged", "missing", "mean_valid_loss", "spread_valid_loss", "stable")
 NORM_FIELDS = ("run", "placement", "lr", "warmup", "residual_scale", "seed", "update", "side", "layer",
                "hidden_rms")
+
+
+FIGURE = Figure(
+    "atlas", "stability atlas: placement x peak lr x warm-up (x dt), trained/stalled/diverged",
+    "Stability atlas: placement x peak lr x warm-up x dt (Kim et al. 2025, Kan et al. 2025)", order=5,
+    experiments=lambda scale: [f"atlas_{scale}", f"atlas_dt_{scale}"], images=("atlas_stability",),
+    summary_columns=("placement", "lr", "warmup", "residual_scale", "seeds", "trained", "plateau", "diverged",
+                     "missing", "mean_valid_loss", "spread_valid_loss", "stable"))
 
 
 def outcome(run: Run) -> str:
@@ -215,7 +225,7 @@ def _stable_text(s: dict[str, Any]) -> str:
     return f"{s['lr']:g}" + (" (the grid's top)" if s["top"] else "") + ("" if s["known"] else " (so far)")
 
 
-def grid_range(grid: dict, lrs: list[float], warmups: list[int]) -> dict[str, Any]:
+def grid_range(grid: dict, lrs: list[float], warmups: list[int]) -> Check:
     """The grid's own requirement: its lowest lr trains every arm (placement x warm-up, dt = 1,
     every seed) and its highest makes some arm fail; otherwise the atlas shows only part of the
     picture (a range too high or too low), whatever the claims below say."""
@@ -233,7 +243,7 @@ def grid_range(grid: dict, lrs: list[float], warmups: list[int]) -> dict[str, An
             + f"; highest lr {lrs[-1]:g}: "
             + (f"{', '.join(high_fail)} fail" if high_fail else "every arm trains")
             + f" ({nan_top} NaN/inf runs)")
-    return R.check(
+    return Check(
         "atlas_grid_range", "the lr grid runs from an lr where every placement trains (every warm-up "
         "arm and seed, dt = 1) to one where some arm fails",
         "the atlas's design (not a paper claim): both ends of the stability picture are on the grid",
@@ -242,7 +252,7 @@ def grid_range(grid: dict, lrs: list[float], warmups: list[int]) -> dict[str, An
         ours, (not low_fail and bool(high_fail)) if known else None, required=False)
 
 
-def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list[dict[str, Any]]:
+def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list[Check]:
     lrs = sorted({k[1] for k in grid})
     out = [grid_range(grid, lrs, warmups)]
     # 1. Peri-LN stable wherever Pre-LN is
@@ -251,7 +261,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
     known = [(w, lr, a, b) for w, lr, a, b in pairs if a and b and a.stable is True and b.stable is not None]
     broken = [f"lr {lr:g}, warm-up {w}" for w, lr, a, b in known if not b.stable]
     ok = bool(known) and not broken
-    out.append(R.check(
+    out.append(Check(
         "atlas_peri_stable_where_pre", "Peri-LN trains in every cell (lr, warm-up; dt=1) where Pre-LN does",
         "Peri-LN trains wherever Pre-LN does, and beyond (Kim et al. 2025)",
         {"cells_where_pre_ln_trains": len(known), "peri_ln_fails_at": broken},
@@ -274,7 +284,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
                      for w, s in per_w.items())
     if not higher and all(s["pre_ln"]["top"] for s in per_w.values()):
         text += " (Pre-LN is stable at every lr of the grid: the grid does not reach its limit)"
-    out.append(R.check(
+    out.append(Check(
         "atlas_peri_higher_lr", "Peri-LN's largest stable lr is higher than Pre-LN's (and never lower)",
         "Peri-LN trains at learning rates where Pre-LN diverges (Kim et al. 2025)",
         {str(w): s for w, s in per_w.items()}, text,
@@ -286,7 +296,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
             if a.stable and b.stable and math.isfinite(a.spread) and math.isfinite(b.spread)]
     sp_pre = sum(a.spread for *_, a, _ in both) / len(both) if both else None
     sp_peri = sum(b.spread for *_, b in both) / len(both) if both else None
-    out.append(R.check(
+    out.append(Check(
         "atlas_peri_smaller_spread", "Peri-LN's final valid loss varies less over seeds than Pre-LN's "
         "(mean max-min over the cells where both train)",
         "smaller spread across seeds (Kim et al. 2025; GPT-2 Pre-LN diverged in some of 5 trials)",
@@ -306,7 +316,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
         comps.append({"placement": p, "lr": lr, "warmup": w, "dt": dt, "trained": frac, "trained_dt1": frac1})
         if frac < frac1:
             worse.append(f"{p} lr {lr:g} dt {dt:g}")
-    out.append(R.check(
+    out.append(Check(
         "atlas_dt_never_less_stable", "a residual step dt < 1 never trains fewer seeds than dt = 1 "
         "(Pre-/Peri-LN, same lr and warm-up)", "dt < 1 tightens hidden-state growth and stabilises "
         "training (Kan et al. 2025)", {"comparisons": comps, "less_stable": worse},
@@ -331,7 +341,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
     # a tie at that lr is broken by the share of seeds that fail there
     tie_lost = [k for k in tied if failing(k) >= failing("post_ln/warm-up 0")]
     ok = None if "post_ln/warm-up 0" not in first else (post is not None and not earlier and not tie_lost)
-    out.append(R.check(
+    out.append(Check(
         "atlas_post_ln_no_warmup_first", "Post-LN without warm-up is the first arm to fail as lr grows "
         "(at a tie, it fails in more of the seeds)",
         "Post-LN needs warm-up, Pre-LN does not (Xiong et al. 2020)",
@@ -348,7 +358,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
     top = {p: {s: _mean_finite([growth(rows, s, absolute=True) for rows in norms.get(p, [])])
                for s in sides} for p in DT_PLACEMENTS}
     have = all(mean_g[p][s] is not None for p in mean_g for s in mean_g[p])
-    out.append(R.check(
+    out.append(Check(
         "atlas_hidden_growth", "at the end of training, Pre-LN's hidden-state RMS grows more from the "
         "first to the last layer than Peri-LN's (trained runs, dt=1, mean over lr and seeds)",
         "Pre-LN's hidden states can grow without bound, Peri-LN's at most linearly (Kan et al. 2025)",
@@ -504,7 +514,7 @@ def main(argv: list[str]) -> int:
 
     ap = R.parser("atlas", "stability atlas: placement x peak lr x warm-up (x dt), trained/stalled/diverged")
     args = ap.parse_args(argv)
-    exps = [f"atlas_{args.scale}", f"atlas_dt_{args.scale}"]
+    exps = FIGURE.experiments(args.scale)
     found = R.select(args.runs_root, exps)
     runs = [r for e in exps for r in found[e]]
     if not runs:
@@ -535,15 +545,15 @@ def main(argv: list[str]) -> int:
                         f"scale={args.scale}; stable = every seed trained (no plateau, no NaN/inf); "
                         "'?' = cells not run or unfinished before the first failure; "
                         "RMS = sqrt(E|h|^2/d), norms.csv")
-    claims = [c for c in cks if c["id"] != "atlas_grid_range"]
-    supported = [c for c in claims if c["pass"] is True]
-    R.write_checks(args.out, "atlas", args.scale, cks, {
-        "experiments": exps, "runs": len(runs), "outcomes": counts,
+    claims = [c for c in cks if c.id != "atlas_grid_range"]
+    supported = [c for c in claims if c.holds is True]
+    write_checks(args.out, "atlas", args.scale, cks, {
+        "units": R.UNITS, "experiments": exps, "runs": len(runs), "outcomes": counts,
         "claims_supported": f"{len(supported)} of {len(claims)}",
         "max_update": sorted({r.get("max_update") for r in runs}, key=str),
         "schedule": sorted({str(r.get("schedule.name")) for r in runs}),
         "stable_means": "every seed of the cell trained: no NaN/inf, not on the unigram plateau"})
-    R.print_checks(cks, paths, args.out, ("atlas.csv", "atlas_summary.csv", "atlas_norms.csv",
+    R.print_outputs(cks, paths, args.out, ("atlas.csv", "atlas_summary.csv", "atlas_norms.csv",
                                           "atlas_checks.json"),
                    marks=("supported", "NOT supported", "undecided (not measured, or beyond the grid)"))
     return 0

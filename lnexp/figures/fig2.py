@@ -19,6 +19,8 @@ import math
 from typing import Any
 
 from lnexp.figures import runs as R
+from lnexp.figures.checks import Check, write_checks
+from lnexp.figures.figure import Figure
 from lnexp.results import Run
 from lnexp.stats import summarise
 
@@ -28,6 +30,12 @@ BLEU_FRACTION = 1 / 3  # mean BLEU without warm-up <= this x mean BLEU with warm
 
 PAPER_WARMUP = {"mini": {0: "none", 13: "500", 100: "4000"}, "gpu": {0: "none", 58: "500", 465: "4000"},
                 "paper": {0: "none", 500: "500", 4000: "4000"}}
+
+
+FIGURE = Figure(
+    "fig2", "warm-up ablation with Post-LN (Xiong et al. Fig. 2), from finished runs",
+    "Warm-up ablation with Post-LN (Fig. 2)", order=3,
+    experiments=lambda scale: [f"fig2_{scale}", f"fig2_low_lr_{scale}", f"fig2_sgd_{scale}"])
 
 
 def _label(run: Run, scale: str) -> str:
@@ -104,7 +112,7 @@ def _mark(ok: bool) -> str:
     return "(met)" if ok else "(not met)"
 
 
-def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[dict[str, Any]]:
+def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[Check]:
     c = contrast(adam)
     ours = "runs missing"
     if c["per_seed"]:
@@ -119,7 +127,7 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[dict[str, Any]]:
         ours += (f"; mean BLEU {R.fmt(c['mean_bleu_no_warmup'])} vs {R.fmt(c['mean_bleu_warmup'])} "
                  f"(ratio {R.fmt(c['mean_bleu_ratio'])}) {_mark(c['bleu_ok'])}; {c['seeds']} of the "
                  f"{MIN_SEEDS} seeds needed")
-    out = [R.check(
+    out = [Check(
         "fig2_no_warmup_fails", "Post-LN, Adam, lr 1e-3: without warm-up the valid loss ends >= 1 bit "
         f"above the run with warm-up {c['long_warmup']} on every seed (>= {MIN_SEEDS} seeds), and its "
         "mean BLEU over the seeds is at most 1/3 of the warm-up runs' mean",
@@ -133,7 +141,7 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[dict[str, Any]]:
         s = short[0]
         b5, b10 = _final(adam, "valid_bleu", lr=5e-4, warmup=s), _final(adam, "valid_bleu", lr=1e-3, warmup=s)
         ok = None if b5 is None or b10 is None else bool(b5 > b10)
-        out.append(R.check(
+        out.append(Check(
             "fig2_short_warmup_lr", f"with the short warm-up ({s}), lr 5e-4 trains better than lr 1e-3",
             "warm-up 500: BLEU 31.16 at lr 5e-4, 2.77 at lr 1e-3",
             {"bleu_lr5e-4": R._r(b5), "bleu_lr1e-3": R._r(b10), "warmup": s},
@@ -143,7 +151,7 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[dict[str, Any]]:
             bl, bs = _final(adam, "valid_bleu", lr=lr, warmup=long_w), _final(adam, "valid_bleu", lr=lr,
                                                                               warmup=short[0])
             ok = None if bl is None or bs is None else bool(bl >= bs)
-            out.append(R.check(
+            out.append(Check(
                 f"fig2_longer_warmup_lr{lr:g}", f"lr {lr:g}: the long warm-up ({long_w}) ends at least as "
                 f"good as the short one ({short[0]})", "warm-up 4000 > warm-up 500 at both lr",
                 {"bleu_long": R._r(bl), "bleu_short": R._r(bs)}, f"BLEU {R.fmt(bl)} vs {R.fmt(bs)}", ok,
@@ -152,20 +160,20 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[dict[str, Any]]:
         _final(adam, "valid_loss", lr=5e-4, warmup=long_w) if long_w else None)
     if lb0 is not None and lbw is not None:
         gap = lb0 - lbw
-        out.append(R.check(
+        out.append(Check(
             "fig2_no_warmup_lr5e-4", "lr 5e-4: without warm-up ends worse than with the long warm-up",
             "lr 5e-4 without warm-up far below warm-up 4000 in BLEU",
             {"valid_loss_no_warmup": R._r(lb0), "valid_loss_warmup": R._r(lbw), "gap_bits": R._r(gap)},
             f"valid loss {gap:+.2f} bits without warm-up", bool(gap > 0), required=False))
     if not any(r.metrics for r in sgd):
-        out.append(R.check("fig2_sgd_no_warmup", "SGD without warm-up stays near 0 BLEU",
+        out.append(Check("fig2_sgd_no_warmup", "SGD without warm-up stays near 0 BLEU",
                            "just above 0 BLEU within 15 epochs (Fig. 2b)", {},
                            f"not run yet: lnexp train -m experiment=fig2_sgd_{scale}", None, required=False))
     else:
         b0 = _final(sgd, "valid_bleu", warmup=0)
         bw = max((r.series("valid_bleu")[-1] for r in sgd if r.metrics and int(r.get("warmup")) > 0),
                  default=None)
-        out.append(R.check(
+        out.append(Check(
             "fig2_sgd_no_warmup", "SGD without warm-up stays near 0 BLEU",
             "just above 0 BLEU within 15 epochs (Fig. 2b)", {"bleu_no_warmup": R._r(b0),
                                                              "bleu_with_warmup_best": R._r(bw)},
@@ -210,7 +218,7 @@ def main(argv: list[str]) -> int:
 
     ap = R.parser("fig2", "warm-up ablation with Post-LN (Xiong et al. 2020, Fig. 2)")
     args = ap.parse_args(argv)
-    exps = [f"fig2_{args.scale}", f"fig2_low_lr_{args.scale}", f"fig2_sgd_{args.scale}"]
+    exps = FIGURE.experiments(args.scale)
     found = R.select(args.runs_root, exps)
     adam, sgd = found[exps[0]] + found[exps[1]], found[exps[2]]
     if not any(r.metrics for r in adam + sgd):
@@ -225,10 +233,10 @@ def main(argv: list[str]) -> int:
     note = (f"scale={args.scale}; runs: {len(adam)} Adam ({exps[0]}, {exps[1]}), {len(sgd)} SGD ({exps[2]}); "
             "losses in bits/token")
     paths = style.save(fig, args.out, "fig2", note)
-    R.write_checks(args.out, "fig2", args.scale, cks, {
-        "experiments": exps, "runs": [r.name for r in all_runs],
+    write_checks(args.out, "fig2", args.scale, cks, {
+        "units": R.UNITS, "experiments": exps, "runs": [r.name for r in all_runs],
         "warmup_mapping": {str(k): v for k, v in PAPER_WARMUP.get(args.scale, {}).items()},
         "schedule": sorted({str(r.get("schedule.name")) for r in all_runs}),
         "max_epoch": sorted({r.get("max_epoch") for r in all_runs}, key=str)})
-    R.print_checks(cks, paths, args.out, ("fig2.csv", "fig2_summary.csv", "fig2_checks.json"))
+    R.print_outputs(cks, paths, args.out, ("fig2.csv", "fig2_summary.csv", "fig2_checks.json"))
     return 0

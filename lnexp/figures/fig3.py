@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import statistics
 import sys
@@ -32,6 +31,8 @@ from typing import Any
 
 from lnexp.errors import UserError, at_least
 from lnexp.figures import measured
+from lnexp.figures.checks import Check, print_checks, read_checks
+from lnexp.figures.figure import Figure
 from lnexp.rundir import run_paths
 
 PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
@@ -42,6 +43,11 @@ SUMMARY_FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "s
 GROWTH = 1.2  # last/first layer ratio above which gradients "grow toward the output layer"
 FLAT = 1.3  # max/min ratio across depths up to which a gradient "does not depend on depth"
 FAR_BELOW = 0.5  # after warm-up / at init ratio up to which it is "far below"
+
+
+FIGURE = Figure(
+    "fig3", "gradient norms at initialisation (Fig. 3); measures, no training runs needed",
+    "Gradient norms at initialisation (Fig. 3)", order=1)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -231,17 +237,17 @@ class _Lookup:
         return float(r["mean"]) if r else math.nan
 
 
-def contrast_checks(summary: list[dict[str, Any]], args) -> dict[str, dict[str, Any]]:
+def contrast_checks(summary: list[dict[str, Any]], args) -> list[Check]:
     g = _Lookup(summary)
     depths, L = args.depths, args.layers_depth
-    checks: dict[str, dict[str, Any]] = {}
+    checks: list[Check] = []
 
     def last_w(series: str, depth: int, param: str = "W2") -> float:
         return g.mean(series, depth, "decoder", depth, param)
 
     def add(name, value, passed, claim, **extra):
         ok = None if passed is None or not math.isfinite(value) else bool(passed)
-        checks[name] = {"value": value, "pass": ok, "claim": claim, **extra}
+        checks.append(Check.of_value(name, claim, value, ok, **extra))
 
     post = [last_w("post_ln_init", d) for d in depths]
     ratio = max(post) / min(post)
@@ -300,10 +306,10 @@ def replot(args) -> int:
         summary = [{**r, "depth": int(r["depth"]), "layer": int(r["layer"]), "d_model": int(r["d_model"]),
                     "mean": float(r["mean"]), "std": float(r["std"]), "n": int(r["n"])}
                    for r in csv.DictReader(f)]
-    doc = json.loads((args.out / f"{args.name}_checks.json").read_text())
+    doc, checks = read_checks(args.out / f"{args.name}_checks.json")
     meta = doc["meta"]
     args.depths, args.layers_depth = meta["depths"], meta["layers_depth"]
-    measured.print_checks(doc["checks"])
+    print_checks(checks, measured.MARKS)
     print("fig3: redrew " + ", ".join(str(p) for p in plot(args, summary, meta)))
     return 0
 

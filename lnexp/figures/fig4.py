@@ -14,7 +14,14 @@ import math
 from typing import Any
 
 from lnexp.figures import runs as R
+from lnexp.figures.checks import Check, write_checks
+from lnexp.figures.figure import Figure
 from lnexp.results import Run
+
+FIGURE = Figure(
+    "fig4", "convergence speed, Pre-LN without warm-up vs Post-LN (Fig. 4), from finished runs",
+    "Convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)", order=4,
+    experiments=lambda scale: [f"fig4_{scale}"] + (["fig4_wmt_paper"] if scale == "paper" else []))
 
 
 def arm(run: Run) -> str:
@@ -49,18 +56,18 @@ def speedup(pre: Run, post: Run) -> dict[str, Any]:
             "pass": bool(ratio is not None and ratio >= 1.5)}
 
 
-def checks(runs: list[Run]) -> list[dict[str, Any]]:
+def checks(runs: list[Run]) -> list[Check]:
     post = _pick(runs, "post_ln", "adam", True)
     out = []
     for opt, required in (("adam", True), ("radam", False)):
         pre = _pick(runs, "pre_ln", opt, False)
         if post is None or pre is None:
-            out.append(R.check(f"fig4_speedup_{opt}", f"Pre-LN ({opt}) without warm-up reaches Post-LN's "
+            out.append(Check(f"fig4_speedup_{opt}", f"Pre-LN ({opt}) without warm-up reaches Post-LN's "
                                "final valid loss >= 1.5x sooner (epochs)", "Pre-LN epoch 9 ~ Post-LN epoch "
                                "15 (1.67x)", {}, "runs missing", None, required))
             continue
         s = speedup(pre, post)
-        out.append(R.check(
+        out.append(Check(
             f"fig4_speedup_{opt}", f"Pre-LN ({'Adam' if opt == 'adam' else 'RAdam'}) without warm-up "
             f"reaches the final valid loss of Post-LN (Adam, warm-up {int(post.get('warmup'))}) >= 1.5x "
             "sooner, in epochs", "Pre-LN's 9th epoch ~ Post-LN's 15th (1.67x; valid loss ~4, BLEU ~34)", s,
@@ -70,7 +77,7 @@ def checks(runs: list[Run]) -> list[dict[str, Any]]:
     if pa and pr:
         dl = (pa.series("valid_loss")[-1] - pr.series("valid_loss")[-1]) / R.BITS_PER_NAT
         db = pa.series("valid_bleu")[-1] - pr.series("valid_bleu")[-1]
-        out.append(R.check(
+        out.append(Check(
             "fig4_pre_ln_adam_vs_radam", "with Pre-LN, Adam vs RAdam makes little difference "
             "(final valid loss within 0.15 nat)", "little difference (Fig. 4)",
             {"delta_valid_loss_nats": R._r(dl), "delta_bleu": R._r(db)},
@@ -78,7 +85,7 @@ def checks(runs: list[Run]) -> list[dict[str, Any]]:
     prad = _pick(runs, "post_ln", "radam", False)
     if prad and pa:
         lp, lr_ = pa.series("valid_loss")[-1], prad.series("valid_loss")[-1]
-        out.append(R.check(
+        out.append(Check(
             "fig4_pre_ln_vs_post_ln_radam", "Pre-LN (Adam, no warm-up) ends below Post-LN with RAdam "
             "(no warm-up)", "Pre-LN converges faster than Post-LN + RAdam",
             {"pre_ln_valid_loss": R._r(lp), "post_ln_radam_valid_loss": R._r(lr_)},
@@ -114,7 +121,7 @@ def main(argv: list[str]) -> int:
 
     ap = R.parser("fig4", "convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)")
     args = ap.parse_args(argv)
-    exps = [f"fig4_{args.scale}"] + (["fig4_wmt_paper"] if args.scale == "paper" else [])
+    exps = FIGURE.experiments(args.scale)
     found = R.select(args.runs_root, exps)
     main_runs = found[exps[0]]
     if not any(r.metrics for r in main_runs):
@@ -130,7 +137,7 @@ def main(argv: list[str]) -> int:
     fig = draw(panels)
     note = f"scale={args.scale}; {len(all_runs)} runs; losses in bits/token"
     paths = style.save(fig, args.out, "fig4", note)
-    R.write_checks(args.out, "fig4", args.scale, cks, {"experiments": exps,
-                                                       "runs": [r.name for r in all_runs]})
-    R.print_checks(cks, paths, args.out, ("fig4.csv", "fig4_summary.csv", "fig4_checks.json"))
+    write_checks(args.out, "fig4", args.scale, cks, {"units": R.UNITS, "experiments": exps,
+                                                     "runs": [r.name for r in all_runs]})
+    R.print_outputs(cks, paths, args.out, ("fig4.csv", "fig4_summary.csv", "fig4_checks.json"))
     return 0

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.figures.checks import Check, print_checks, write_checks
 from lnexp.names import SCALES
-from lnexp.rundir import atomic_file, write_json
+from lnexp.rundir import atomic_file
 
 
 def parser(name: str, description: str, runs_root_help: str) -> ArgumentParser:
@@ -68,18 +69,15 @@ def short(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
-def print_checks(checks: dict[str, dict[str, Any]]) -> None:
-    for name, c in checks.items():
-        mark = {True: "PASS", False: "FAIL", None: "info"}[c["pass"]]
-        print(f"  [{mark}] {name}: {short(c['value'])}  ({c['claim']})")
+MARKS = ("PASS", "FAIL", "info")  # a verdict, a failed one, a value reported without a threshold
 
 
 def finish(prog: str, args: argparse.Namespace, fields, rows, summary_fields, summary,
-           checks: dict[str, dict[str, Any]], meta: dict, plot: Callable[[], list[Path]]) -> int:
+           checks: list[Check], meta: dict, plot: Callable[[], list[Path]]) -> int:
     """Write the tables, draw the figure, print the checks and what was written."""
-    files = write_tables(args.out, args.name, fields, rows, summary_fields, summary, checks, meta)
+    files = write_tables(args, fields, rows, summary_fields, summary, checks, meta)
     files += plot()
-    print_checks(checks)
+    print_checks(checks, MARKS)
     print(f"{prog}: wrote {', '.join(str(p) for p in files)} in {meta['wall_s']:.0f}s")
     return 0
 
@@ -95,13 +93,12 @@ def write_csv(path: Path, fields, rows) -> None:
         w.writerows({k: _fmt(v) for k, v in r.items()} for r in rows)
 
 
-def write_tables(out: Path, name: str, fields, rows, summary_fields, summary, checks: dict,
+def write_tables(args: argparse.Namespace, fields, rows, summary_fields, summary, checks: list[Check],
                  meta: dict) -> list[Path]:
     """Per-measurement CSV, summary CSV and the checks JSON that the report reads."""
+    out, name = args.out, args.name
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{name}.csv", fields, rows)
     write_csv(out / f"{name}_summary.csv", summary_fields, summary)
-    passed = [c["pass"] for c in checks.values() if c["pass"] is not None]
-    doc = {"figure": name, "all_pass": all(passed), "checks": checks, "meta": meta}
-    write_json(out / f"{name}_checks.json", doc)
-    return [out / f"{name}.csv", out / f"{name}_summary.csv", out / f"{name}_checks.json"]
+    return [out / f"{name}.csv", out / f"{name}_summary.csv",
+            write_checks(out, name, args.scale, checks, {"meta": meta})]

@@ -4,14 +4,13 @@ Everything measured is read from what the figure commands wrote (figures/*_check
 figures/*_summary.csv); nothing measured is written here by hand. A figure whose files are missing
 gets "not run yet: make NAME" in report/README.md instead of failing; in README's claims block
 (``--readme``) its rows stay as they were measured, with their scale and date: a command that
-only reads results never erases committed ones. Checks JSON are read generically: a list under
-"checks" (or a top-level list) of objects with a claim, the paper's value, ours and pass/fail.
+only reads results never erases committed ones. Checks files are read as
+:class:`lnexp.figures.checks.Check` rows, the one schema every figure writes.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 import platform
 import re
@@ -20,21 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.figures import registry
+from lnexp.figures.checks import Check, all_required_hold, read_checks, thresholded
 from lnexp.names import SCALES, describe_arch
 from lnexp.rundir import read_json, run_paths, write_text
 
-SECTIONS = [
-    ("fig3", "Gradient norms at initialisation (Fig. 3)"),
-    ("theory", "Theory at initialisation (lemmas, hidden-state growth)"),
-    ("fig2", "Warm-up ablation with Post-LN (Fig. 2)"),
-    ("fig4", "Convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)"),
-    ("atlas", "Stability atlas: placement x peak lr x warm-up x dt (Kim et al. 2025, Kan et al. 2025)"),
-]
-EXTRA_IMAGES = {"atlas": ("atlas_stability",)}  # figures drawn beside NAME.png
 RUN_COLUMNS = ["run", "lr", "warmup", "seed", "status", "diverged_update", "final_epoch",
                "final_valid_loss", "final_valid_loss_nats", "final_valid_bleu"]
-SUMMARY_COLUMNS = {"atlas": ["placement", "lr", "warmup", "residual_scale", "seeds", "trained", "plateau",
-                             "diverged", "missing", "mean_valid_loss", "spread_valid_loss", "stable"]}
 SCALE_TEXT = {
     "mini": (f"mini: {describe_arch('ln_transformer_mini')}, shared embeddings, label smoothing 0.1, "
              "dropout 0.1, 4096 tokens per batch (~130 updates per Multi30k epoch), greedy decoding "
@@ -61,58 +52,28 @@ How the paper's settings map to the mini scale (configs/experiment/*_mini.yaml):
 """
 
 
-def _read_json(path: Path) -> Any:
-    return read_json(path)
+def _cell(text: str) -> str:
+    """A table cell: pipes escaped, on one line."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _first(d: dict, *keys: str, default: Any = None) -> Any:
-    for k in keys:
-        if k in d and d[k] is not None:
-            return d[k]
-    return default
-
-
-def _cell(x: Any) -> str:
-    if x is None:
-        return "n/a"
-    if isinstance(x, float):
-        return f"{x:.4g}"
-    if isinstance(x, dict | list):
-        return json.dumps(x, default=str)[:200]
-    return str(x).replace("|", "\\|").replace("\n", " ")
-
-
-def check_items(doc: Any) -> list[dict]:
-    """A figure's checks, from either the list form or the {"name": {...}} form."""
-    items = doc.get("checks", []) if isinstance(doc, dict) else doc if isinstance(doc, list) else []
-    if isinstance(items, dict):
-        items = [{"claim": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in items.items()]
-    return [c for c in items if isinstance(c, dict)]
-
-
-def claims_supported(doc: Any) -> str:
+def claims_supported(doc: dict[str, Any], checks: list[Check]) -> str:
     """"k of n" for a figure whose claims are all informational: the figure's own count (it may
     leave rows that are not claims out of it), else the rows that hold."""
-    if isinstance(doc, dict) and doc.get("claims_supported"):
+    if doc.get("claims_supported"):
         return str(doc["claims_supported"])
-    held = [_first(c, "pass", "passed", "holds") for c in check_items(doc)]
-    return f"{sum(h is True for h in held)} of {len(held)}"
+    return f"{sum(c.holds is True for c in checks)} of {len(checks)}"
 
 
-def check_rows(doc: Any) -> list[dict[str, str]]:
-    """Normalise any figure's checks JSON into rows: claim, paper, ours, holds."""
-    rows = []
-    for c in check_items(doc):
-        passed = _first(c, "pass", "passed", "holds", "ok")
-        holds = {True: "yes", False: "**no**"}.get(passed, "reported (no threshold)") if isinstance(
-            passed, bool | type(None)) else _cell(passed)
-        if c.get("required") is False:
-            holds += " (informational)"
-        rows.append({"claim": _cell(_first(c, "claim", "description", "name", "id", default="")),
-                     "paper": _cell(_first(c, "paper", "paper_value", "expected", default="")),
-                     "ours": _cell(_first(c, "ours", "measured_text", "measured", "value", default="")),
-                     "holds": holds})
-    return rows
+def holds_text(c: Check) -> str:
+    text = {True: "yes", False: "**no**", None: "reported (no threshold)"}[c.holds]
+    return text + ("" if c.required else " (informational)")
+
+
+def check_rows(checks: list[Check]) -> list[dict[str, str]]:
+    """A figure's checks as table rows: claim, paper, ours, holds."""
+    return [{"claim": _cell(c.claim), "paper": _cell(c.paper), "ours": _cell(c.ours),
+             "holds": holds_text(c)} for c in checks]
 
 
 def _summary_table(path: Path, cols: list[str]) -> list[str]:
@@ -158,7 +119,7 @@ def data_line(runs_root: Path, scale: str) -> str:
     from lnexp.results import collect_runs
 
     for r in collect_runs(runs_root):
-        data = (_read_json(run_paths(r.dir)["run"]) or {}).get("data") or {}
+        data = (read_json(run_paths(r.dir)["run"]) or {}).get("data") or {}
         if data and r.experiment.endswith(scale):
             counts = data.get("counts") or {}
             sizes = ", ".join(f"{k} {v}" for k, v in counts.items())
@@ -177,20 +138,21 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
     if scale == "mini":
         out += [MINI_MAPPING]
     summary = []
-    for name, title in SECTIONS:
-        out += [f"## {title}", ""]
-        doc = _read_json(figures / f"{name}_checks.json")
+    for name, fig in registry.figures().items():
+        out += [f"## {fig.title}", ""]
+        read = read_checks(figures / f"{name}_checks.json")
+        doc, checks = read if read is not None else (None, [])
         png = figures / f"{name}.png"
         if doc is None and not png.is_file():
             out += [f"not run yet: make {name}" + (f" SCALE={scale}" if scale != "mini" else ""), ""]
             summary.append((name, "not run yet"))
             continue
-        if isinstance(doc, dict) and doc.get("scale") not in (None, scale):
+        if doc is not None and doc.get("scale") not in (None, scale):
             out += [f"(these files were made at scale `{doc.get('scale')}`, not `{scale}`)", ""]
-        for img in (name, *EXTRA_IMAGES.get(name, ())):
+        for img in (name, *fig.images):
             if (figures / f"{img}.png").is_file():
                 out += [f"![{img}]({rel}/{img}.png)", ""]
-        rows = check_rows(doc) if doc is not None else []
+        rows = check_rows(checks)
         if rows:
             out += ["| claim of the paper | paper's value | our value at this scale | holds? |",
                     "|---|---|---|---|"]
@@ -198,17 +160,14 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
             out += ["", "Required rows are what this scale must show; informational rows compare the "
                     "paper's other settings: `yes` where our runs agree with the paper, `no` where they "
                     "do not.", ""]
-            req = [c for c in check_items(doc) if c.get("required", True)
-                   and _first(c, "pass", "passed", "holds") is not None]
-            verdict = "all required checks hold" if req and all(
-                _first(c, "pass", "passed", "holds") is True for c in req) else "some checks do not hold"
-            if not any(c.get("required", True) for c in check_items(doc)):  # claims to test, none required
-                verdict = f"{claims_supported(doc)} claims supported by our runs"
+            verdict = "all required checks hold" if all_required_hold(checks) else "some checks do not hold"
+            if not any(c.required for c in checks):  # claims to test, none required
+                verdict = f"{claims_supported(doc, checks)} claims supported by our runs"
             summary.append((name, verdict))
         else:
             out += [f"no checks file ({name}_checks.json)", ""]
             summary.append((name, "figure only"))
-        out += _summary_table(figures / f"{name}_summary.csv", SUMMARY_COLUMNS.get(name, RUN_COLUMNS))
+        out += _summary_table(figures / f"{name}_summary.csv", list(fig.summary_columns or RUN_COLUMNS))
     out += ["## Summary", "", "| figure | result |", "|---|---|"]
     out += [f"| {n} | {v} |" for n, v in summary]
     out += ["", "Numbers above are read from the figures' CSV and JSON files; regenerate with "
@@ -238,10 +197,10 @@ def _note_title(title: str) -> str:
     return title.split(":")[0]
 
 
-def measured_on(path: Path, doc: Any, scale: str) -> str:
+def measured_on(path: Path, doc: dict[str, Any], scale: str) -> str:
     """'mini, 2026-12-01': the scale of a checks file and the day it was written."""
     when = time.strftime("%Y-%m-%d", time.localtime(path.stat().st_mtime))
-    made_at = doc.get("scale") if isinstance(doc, dict) and doc.get("scale") else scale
+    made_at = doc.get("scale") or scale
     return f"{made_at}, {when}"
 
 
@@ -249,20 +208,19 @@ def new_claims(figures: Path, scale: str) -> dict[str, tuple[list[str], str | No
     """Per figure with a checks file: its table rows (required claims with a threshold) and its
     informational note (figures whose claims are all informational)."""
     out = {}
-    for name, title in SECTIONS:
+    for name, fig in registry.figures().items():
         path = figures / f"{name}_checks.json"
-        doc = _read_json(path)
-        if doc is None:
+        read = read_checks(path)
+        if read is None:
             continue
+        doc, checks = read
         when = measured_on(path, doc, scale)
-        items = check_items(doc)
-        required = [c for c in items if c.get("required", True)  # thresholds only
-                    and _first(c, "pass", "passed", "holds") is not None]
-        rows = [f"| {_row_title(title)} | {r['claim']} | {r['paper']} | {r['ours']} | {r['holds']} | "
-                f"{when} |" for r in check_rows({"checks": required})]
+        rows = [f"| {_row_title(fig.title)} | {r['claim']} | {r['paper']} | {r['ours']} | {r['holds']} | "
+                f"{when} |" for r in check_rows(thresholded(checks))]
         note = None
-        if items and not any(c.get("required", True) for c in items):  # claims tested, none required
-            note = f"{_note_title(title)}: {claims_supported(doc)} claims supported by our runs ({when})"
+        if checks and not any(c.required for c in checks):  # claims tested, none required
+            supported = claims_supported(doc, checks)
+            note = f"{_note_title(fig.title)}: {supported} claims supported by our runs ({when})"
         out[name] = (rows, note)
     return out
 
@@ -273,8 +231,8 @@ def old_claims(block: str) -> dict[str, tuple[list[str], str | None]]:
     scale = (_SCALE.findall(block) or ["mini"])[0]
     dates = _DATE.findall(block.split("\n| figure ")[0])
     when = f"{scale}, {dates[0]}" if dates else f"{scale}, date unknown"
-    by_row = {_row_title(t): n for n, t in SECTIONS}
-    by_note = {_note_title(t): n for n, t in SECTIONS}
+    by_row = {_row_title(f.title): n for n, f in registry.figures().items()}
+    by_note = {_note_title(f.title): n for n, f in registry.figures().items()}
     out: dict[str, tuple[list[str], str | None]] = {}
     for line in block.splitlines():
         if line.startswith("| ") and not line.startswith("| figure |"):
@@ -303,7 +261,7 @@ def claims_table(figures: Path, scale: str, old_block: str = "") -> str:
     rows: list[str] = []
     notes: list[str] = []
     missing = []
-    names = [n for n, _ in SECTIONS] + [n for n in kept if n not in dict(SECTIONS)]
+    names = [*registry.figures()] + [n for n in kept if n not in registry.figures()]
     for name in names:
         figure_rows, note = fresh.get(name) or kept.get(name) or ([], None)
         if name not in fresh and name not in kept:

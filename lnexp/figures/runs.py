@@ -1,4 +1,4 @@
-"""What the run-based figures (fig2, fig4) share: options, run selection, CSVs, checks JSON.
+"""What the run-based figures (fig2, fig4, atlas) share: options, run selection, CSVs, printed checks.
 
 Runs are read through :func:`lnexp.results.collect_runs`, never by guessing paths. Losses are in
 bits/token, as the runs log them; nat values are converted explicitly (1 nat = 1/ln 2 bits).
@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import csv
 import math
-import platform
 from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ArgumentParser
+from lnexp.figures.checks import MARKS, Check, print_checks
 from lnexp.names import SCALES
 from lnexp.results import Run, collect_runs
-from lnexp.rundir import atomic_file, write_json
+from lnexp.rundir import atomic_file
 
 BITS_PER_NAT = 1.0 / math.log(2.0)  # 1.4427 bits
+UNITS = f"losses in bits/token unless a key says _nats; 1 nat = {BITS_PER_NAT:.4f} bits"
 CURVE_FIELDS = ("experiment", "run", "placement", "optimizer", "lr", "warmup", "schedule", "seed",
                 "status", "epoch", "updates", "lr_now", "train_loss", "valid_loss", "valid_nll_loss",
                 "valid_bleu")
@@ -103,24 +104,6 @@ def epochs_to_reach(epochs: list[float], losses: list[float], target: float) -> 
     return None
 
 
-def check(cid: str, claim: str, paper: str, measured: dict[str, Any], ours: str, passed: bool | None,
-          required: bool) -> dict[str, Any]:
-    """One row of a figure's checks: the paper's claim, its value, our value, holds or not."""
-    return {"id": cid, "claim": claim, "paper": paper, "ours": ours, "measured": measured,
-            "pass": passed, "required": required}
-
-
-def write_checks(out: Path, name: str, scale: str, checks: list[dict[str, Any]], extra: dict) -> Path:
-    required = [c for c in checks if c["required"]]
-    doc = {"figure": name, "scale": scale, "units": "losses in bits/token unless a key says _nats; "
-           f"1 nat = {BITS_PER_NAT:.4f} bits",
-           "all_required_pass": bool(required) and all(c["pass"] is True for c in required),
-           "checks": checks, **extra, "host": platform.node()}
-    path = out / f"{name}_checks.json"
-    write_json(path, doc)
-    return path
-
-
 def fmt(x: Any, nd: int = 2) -> str:
     if x is None:
         return "n/a"
@@ -129,11 +112,8 @@ def fmt(x: Any, nd: int = 2) -> str:
     return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
-def print_checks(checks: list[dict], paths: list, out: Path, files: tuple[str, ...],
-                 marks: tuple[str, str, str] = ("holds", "does NOT hold", "not measured")) -> None:
-    """Each check's verdict on one line, then the files written (figures, then ``out``'s tables);
-    ``marks``: the words for true, false and null."""
-    for c in checks:
-        mark = {True: marks[0], False: marks[1], None: marks[2]}[c["pass"]]
-        print(f"[{mark}] {c['claim']}: {c['ours']}")
+def print_outputs(checks: list[Check], paths: list, out: Path, files: tuple[str, ...],
+                  marks: tuple[str, str, str] = MARKS) -> None:
+    """Each check's verdict on one line, then the files written (figures, then ``out``'s tables)."""
+    print_checks(checks, marks)
     print("wrote " + ", ".join(str(p) for p in paths) + f", {out}/" + ", ".join(files))

@@ -28,6 +28,8 @@ from typing import Any
 
 from lnexp.errors import at_least
 from lnexp.figures import measured
+from lnexp.figures.checks import Check
+from lnexp.figures.figure import Figure
 
 LEMMA_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 KAN_CONFIGS = (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
@@ -37,6 +39,11 @@ SUMMARY_FIELDS = ("setting", "placement", "residual_scale", "state", "side", "la
                   "quantity", "mean", "std", "n")
 POST_TOL = 0.2  # |E‖x^{post,5}‖²/d − 3/2| allowed at every layer
 JAC_TOL = 0.01  # relative deviation of ‖J_LN‖₂ from √d/‖x‖ for centred x
+
+
+FIGURE = Figure(
+    "theory", "the paper's lemmas and hidden-state growth at initialisation",
+    "Theory at initialisation (lemmas, hidden-state growth)", order=2)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -335,57 +342,61 @@ def _series(summary, setting, placement, point, quantity="sq_norm_per_d", side="
     return [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
 
 
-def lemma_checks(summary, args) -> dict[str, dict[str, Any]]:
-    checks: dict[str, dict[str, Any]] = {}
+def lemma_checks(summary, args) -> list[Check]:
+    checks: list[Check] = []
     layers, post, _ = _series(summary, "simplified", "post_ln", "pre_final_ln")
     dev = max(abs(v - 1.5) for v in post)
-    checks["post_ln_pre_last_ln_sq_norm"] = {
-        "value": dev, "pass": dev <= POST_TOL, "threshold": POST_TOL,
-        "claim": f"simplified setting: Post-LN E‖x^(post,5)‖²/d within 3/2 ± {POST_TOL} at every "
-        "layer (value: largest deviation)", "values": dict(zip(map(str, layers), post, strict=True))}
+    checks.append(Check.of_value(
+        "post_ln_pre_last_ln_sq_norm",
+        f"simplified setting: Post-LN E‖x^(post,5)‖²/d within 3/2 ± {POST_TOL} at every "
+        "layer (value: largest deviation)", dev, dev <= POST_TOL, threshold=POST_TOL,
+        values=dict(zip(map(str, layers), post, strict=True))))
     layers, pre, _ = _series(summary, "simplified", "pre_ln", "stream")
     inside = {str(la): 1 + la / 2 <= v <= 1 + 1.5 * la for la, v in zip(layers, pre, strict=True)
               if la > 0}  # l = 0 is the N(0, I) input itself
-    checks["pre_ln_sq_norm_within_bounds"] = {
-        "value": f"{sum(inside.values())}/{len(inside)} layers", "pass": all(inside.values()),
-        "claim": "simplified setting: Pre-LN 1 + l/2 <= E‖x_l‖²/d <= 1 + 3l/2 after l layers",
-        "values": dict(zip(map(str, layers), pre, strict=True)), "inside": inside}
+    checks.append(Check.of_value(
+        "pre_ln_sq_norm_within_bounds",
+        "simplified setting: Pre-LN 1 + l/2 <= E‖x_l‖²/d <= 1 + 3l/2 after l layers",
+        f"{sum(inside.values())}/{len(inside)} layers", all(inside.values()),
+        values=dict(zip(map(str, layers), pre, strict=True)), inside=inside))
     ratios = [r for r in _jac(summary) if r["state"] == "centred"]
     jdev = max(abs(r["jac_spectral_norm"] / r["sqrt_d_over_x_norm"] - 1) for r in ratios)
-    checks["ln_jacobian_equals_sqrt_d_over_norm"] = {
-        "value": jdev, "pass": jdev <= JAC_TOL, "threshold": JAC_TOL,
-        "claim": "‖J_LN(x)‖₂ = √d/‖x‖₂ for centred x (value: largest relative deviation); "
-        "√d/‖x − mean‖ in general",
-        "offset_ratios": [r["jac_spectral_norm"] / r["sqrt_d_over_x_norm"] for r in _jac(summary)
-                          if r["state"] == "offset"],
-        "offset_ratios_vs_centred_norm": [r["jac_spectral_norm"] / r["sqrt_d_over_centred_norm"]
-                                          for r in _jac(summary) if r["state"] == "offset"]}
+    checks.append(Check.of_value(
+        "ln_jacobian_equals_sqrt_d_over_norm",
+        "‖J_LN(x)‖₂ = √d/‖x‖₂ for centred x (value: largest relative deviation); "
+        "√d/‖x − mean‖ in general", jdev, jdev <= JAC_TOL, threshold=JAC_TOL,
+        offset_ratios=[r["jac_spectral_norm"] / r["sqrt_d_over_x_norm"] for r in _jac(summary)
+                       if r["state"] == "offset"],
+        offset_ratios_vs_centred_norm=[r["jac_spectral_norm"] / r["sqrt_d_over_centred_norm"]
+                                       for r in _jac(summary) if r["state"] == "offset"]))
     for side in ("encoder", "decoder"):
         la, post, _ = _series(summary, "real_init", "post_ln", "pre_final_ln", side=side)
-        checks[f"real_init_post_ln_{side}"] = {
-            "value": max(abs(v - 1.5) for v in post) if post else math.nan, "pass": None,
-            "claim": f"real model at init ({side}): Post-LN E‖x^(post,5)‖²/d, largest deviation "
-            "from 3/2 (reported)", "values": dict(zip(map(str, la), post, strict=True))}
+        checks.append(Check.of_value(
+            f"real_init_post_ln_{side}",
+            f"real model at init ({side}): Post-LN E‖x^(post,5)‖²/d, largest deviation "
+            "from 3/2 (reported)", max(abs(v - 1.5) for v in post) if post else math.nan, None,
+            values=dict(zip(map(str, la), post, strict=True))))
         la, pre, _ = _series(summary, "real_init", "pre_ln", "stream", side=side)
         if pre:
             c0 = pre[0]
             inside = {str(la_): c0 + la_ / 2 <= v <= c0 + 1.5 * la_ for la_, v in zip(la, pre, strict=True)
                       if la_ > 0}
-            checks[f"real_init_pre_ln_{side}"] = {
-                "value": f"{sum(inside.values())}/{len(inside)} layers", "pass": None,
-                "claim": f"real model at init ({side}): Pre-LN E‖x_l‖²/d inside c0 + l/2 .. c0 + 3l/2 "
-                "(c0 = its input; reported)", "values": dict(zip(map(str, la), pre, strict=True)),
-                "inside": inside}
+            checks.append(Check.of_value(
+                f"real_init_pre_ln_{side}",
+                f"real model at init ({side}): Pre-LN E‖x_l‖²/d inside c0 + l/2 .. c0 + 3l/2 "
+                "(c0 = its input; reported)", f"{sum(inside.values())}/{len(inside)} layers", None,
+                values=dict(zip(map(str, la), pre, strict=True)), inside=inside))
     for placement, dt in KAN_CONFIGS:
         for state in ("init", "trained"):
             la, m, _ = _series(summary, "kan", placement, "stream", "mean_abs", state=state, dt=dt)
             _, v, _ = _series(summary, "kan", placement, "stream", "var", state=state, dt=dt)
             if m:
-                checks[f"kan_{placement}_dt{dt:g}_{state}_encoder"] = {
-                    "value": m[-1] / m[0], "pass": None,
-                    "claim": f"{_label(placement, dt)} ({state}): encoder mean |x|, last layer output "
-                    "/ input (reported)", "mean_abs": dict(zip(map(str, la), m, strict=True)),
-                    "var": dict(zip(map(str, la), v, strict=True))}
+                checks.append(Check.of_value(
+                    f"kan_{placement}_dt{dt:g}_{state}_encoder",
+                    f"{_label(placement, dt)} ({state}): encoder mean |x|, last layer output "
+                    "/ input (reported)", m[-1] / m[0], None,
+                    mean_abs=dict(zip(map(str, la), m, strict=True)),
+                    var=dict(zip(map(str, la), v, strict=True))))
     return checks
 
 
@@ -398,7 +409,7 @@ def _jac(summary) -> list[dict[str, Any]]:
     return [by[k] for k in sorted(by, key=lambda k: k[1])]
 
 
-def plot(args, summary, checks, meta) -> list[Path]:
+def plot(args, summary, checks: list[Check], meta) -> list[Path]:
     from lnexp.figures import style
 
     plt = style.setup()
@@ -487,17 +498,17 @@ def plot(args, summary, checks, meta) -> list[Path]:
     ax = axes[1, 2]
     ax.axis("off")
     lines = ["Checks (simplified setting):"]
-    for name, c in checks.items():
-        if c["pass"] is not None:
-            lines.append(f"  {'PASS' if c['pass'] else 'FAIL'}  {name}: {measured.short(c['value'])}")
+    for c in checks:
+        if c.holds is not None:
+            lines.append(f"  {'PASS' if c.holds else 'FAIL'}  {c.id}: {measured.short(c.measured['value'])}")
     lines += ["", "Real model at init (reported):"]
-    for name, c in checks.items():
-        if name.startswith("real_init"):
-            lines.append(f"  {name}: {measured.short(c['value'])}")
+    for c in checks:
+        if c.id.startswith("real_init"):
+            lines.append(f"  {c.id}: {measured.short(c.measured['value'])}")
     lines += ["", "Kan et al., encoder mean |x| last/input:"]
-    for name, c in checks.items():
-        if name.startswith("kan_"):
-            lines.append(f"  {name[4:]}: {measured.short(c['value'])}")
+    for c in checks:
+        if c.id.startswith("kan_"):
+            lines.append(f"  {c.id[4:]}: {measured.short(c.measured['value'])}")
     ax.text(0, 1, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=7.5,
             transform=ax.transAxes)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
