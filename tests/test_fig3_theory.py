@@ -96,3 +96,25 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     assert kan == {(p, dt, s) for p, dt in (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
                    for s in ("init", "trained")}
     assert "short runs here: 1 updates" in checks["meta"]["kan"]["after_training"]
+
+
+def test_fig3_whole_zoo(small_multi30k, cache, tmp_path, monkeypatch):
+    """--placements all: every scheme gets summary rows, the 2020 claims stay, the zoo is drawn."""
+    from lnexp.errors import UserError
+    from lnexp.names import PLACEMENTS
+
+    out = tmp_path / "figures"
+    with pytest.raises(UserError, match="unknown placement nope: choose from all or .*post_ln"):
+        _figure(["fig3", "--placements", "pre_ln,nope", "--out", str(out)], cache, monkeypatch)
+    _figure(["fig3", "--placements", "all", "--seeds", "1", "--depths", "2,3", "--d-model", "32",
+             "--max-tokens", "300", "--warmup-updates", "0", "--out", str(out),
+             "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
+    _, summary, checks = _outputs(out, "fig3")
+    for p in PLACEMENTS:
+        mine = {(r["depth"], r["side"], r["layer"], r["param"]) for r in summary if r["placement"] == p}
+        assert {("3", "decoder", "3", "W2"), ("2", "encoder", "1", "W1")} <= mine, p
+        means = [float(r["mean"]) for r in summary if r["placement"] == p]
+        # ReZero's branches are gated by alpha = 0 at init: its FFN weights get exactly no gradient
+        assert all(m == 0 for m in means) if p == "rezero" else all(m > 0 for m in means), p
+    assert "post_ln_last_w2_flat_across_depth" in checks["checks"]
+    assert set(checks["meta"]["last_layer_across_depth"]) == set(PLACEMENTS)
