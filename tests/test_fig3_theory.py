@@ -81,7 +81,8 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     _figure(["theory", "--lemma-d", "128", "--lemma-layers", "3", "--lemma-seeds", "3",
              "--lemma-tokens", "64", "--d-model", "32", "--real-seeds", "1", "--max-tokens", "300",
              "--train-updates", "1",
-             "--train-tokens", "300", "--out", str(out), "--runs-root", str(tmp_path / "runs"),
+             "--train-tokens", "300", "--placements", "post_ln,rezero,t_fixup",
+             "--out", str(out), "--runs-root", str(tmp_path / "runs"),
              "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
     rows, summary, checks = _outputs(out, "theory")
     c = checks["checks"]
@@ -90,7 +91,14 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     assert c["pre_ln_sq_norm_within_bounds"]["pass"] is True
     assert c["ln_jacobian_equals_sqrt_d_over_norm"]["pass"] is True
     settings = {r["setting"] for r in rows}
-    assert settings == {"simplified", "ln_jacobian", "real_init", "kan"}
+    assert settings == {"simplified", "ln_jacobian", "real_init", "kan", "zoo_init"}
+    # --placements: each scheme's residual stream at init, every layer of both stacks
+    zoo = {(r["placement"], r["side"], r["layer"]) for r in summary
+           if r["setting"] == "zoo_init" and r["quantity"] == "mean_abs"}
+    assert zoo == {(p, s, str(la)) for p in ("post_ln", "rezero", "t_fixup")
+                   for s in ("encoder", "decoder") for la in range(3)}
+    # ReZero's gates are 0 at init: every layer passes its input through unchanged
+    assert checks["meta"]["zoo"]["encoder_mean_abs_last_over_input"]["rezero"] == pytest.approx(1.0)
     kan = {(r["placement"], float(r["residual_scale"]), r["state"]) for r in rows
            if r["setting"] == "kan"}
     assert kan == {(p, dt, s) for p, dt in (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
