@@ -477,8 +477,11 @@ def plot_zoo(plt, args, summary, meta) -> list[Path]:
             for tick, p in zip(ax.get_yticklabels(), places, strict=True):
                 tick.set_color(style.COLORS[p])
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    note = _note(meta) + ("\nPost-LN after warm-up: in the summary CSV (not drawn here)"
-                          if meta.get("after_warmup") else "")
+    note = (_note(meta).replace("(fairseq init)", "(fairseq init; schemes other than Post-/Pre-/Peri-LN: "
+                                "their own init at each depth)")
+            .replace("error bars: std over seeds", "cells: means over seeds (std in the summary CSV)")
+            + ("\nPost-LN after warm-up: in the summary CSV (not drawn here)"
+               if meta.get("after_warmup") else ""))
     return style.save(fig, args.out, args.name, note)
 
 
