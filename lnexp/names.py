@@ -4,7 +4,9 @@ fairseq (the CLI's start-up path, settings and the report read them)."""
 from pathlib import Path
 
 # The placements of 2020 first (the figures' order), then every other configs/placement/*.yaml
-_FIRST = ("post_ln", "pre_ln", "peri_ln", "deepnorm")
+# Xiong et al.'s two and Peri-LN: the default placements of fig3 and theory
+PAPER_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
+_FIRST = (*PAPER_PLACEMENTS, "deepnorm")
 _PLACEMENT_DIR = Path(__file__).parent / "configs" / "placement"
 PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in _PLACEMENT_DIR.glob("*.yaml") if p.stem not in _FIRST))
 NORMS = ("layernorm", "rmsnorm", "dyt")

@@ -82,7 +82,8 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     _figure(["theory", "--lemma-d", "128", "--lemma-layers", "3", "--lemma-seeds", "3",
              "--lemma-tokens", "64", "--d-model", "32", "--real-seeds", "1", "--max-tokens", "300",
              "--train-updates", "1",
-             "--train-tokens", "300", "--out", str(out), "--runs-root", str(tmp_path / "runs"),
+             "--train-tokens", "300", "--placements", "post_ln,rezero,t_fixup",
+             "--out", str(out), "--runs-root", str(tmp_path / "runs"),
              "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
     rows, summary, checks = _outputs(out, "theory")
     c = {c["id"]: c for c in checks["checks"]}
@@ -91,9 +92,38 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     assert c["pre_ln_sq_norm_within_bounds"]["pass"] is True
     assert c["ln_jacobian_equals_sqrt_d_over_norm"]["pass"] is True
     settings = {r["setting"] for r in rows}
-    assert settings == {"simplified", "ln_jacobian", "real_init", "kan"}
+    assert settings == {"simplified", "ln_jacobian", "real_init", "kan", "zoo_init"}
+    # --placements: each scheme's residual stream at init, every layer of both stacks
+    zoo = {(r["placement"], r["side"], r["layer"]) for r in summary
+           if r["setting"] == "zoo_init" and r["quantity"] == "mean_abs"}
+    assert zoo == {(p, s, str(la)) for p in ("post_ln", "rezero", "t_fixup")
+                   for s in ("encoder", "decoder") for la in range(3)}
+    # ReZero's gates are 0 at init: every layer passes its input through unchanged
+    assert checks["meta"]["zoo"]["encoder_mean_abs_last_over_input"]["rezero"] == pytest.approx(1.0)
     kan = {(r["placement"], float(r["residual_scale"]), r["state"]) for r in rows
            if r["setting"] == "kan"}
     assert kan == {(p, dt, s) for p, dt in (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
                    for s in ("init", "trained")}
     assert "short runs here: 1 updates" in checks["meta"]["kan"]["after_training"]
+
+
+def test_fig3_whole_zoo(small_multi30k, cache, tmp_path, monkeypatch):
+    """--placements all: every scheme gets summary rows, the 2020 claims stay, the zoo is drawn."""
+    from lnexp.errors import UserError
+    from lnexp.names import PLACEMENTS
+
+    out = tmp_path / "figures"
+    with pytest.raises(UserError, match="unknown placement nope: choose from all or .*post_ln"):
+        _figure(["fig3", "--placements", "pre_ln,nope", "--out", str(out)], cache, monkeypatch)
+    _figure(["fig3", "--placements", "all", "--seeds", "1", "--depths", "2,3", "--d-model", "32",
+             "--max-tokens", "300", "--warmup-updates", "0", "--out", str(out),
+             "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
+    _, summary, checks = _outputs(out, "fig3")
+    for p in PLACEMENTS:
+        mine = {(r["depth"], r["side"], r["layer"], r["param"]) for r in summary if r["placement"] == p}
+        assert {("3", "decoder", "3", "W2"), ("2", "encoder", "1", "W1")} <= mine, p
+        means = [float(r["mean"]) for r in summary if r["placement"] == p]
+        # ReZero's branches are gated by alpha = 0 at init: its FFN weights get exactly no gradient
+        assert all(m == 0 for m in means) if p == "rezero" else all(m > 0 for m in means), p
+    assert "post_ln_last_w2_flat_across_depth" in {c["id"] for c in checks["checks"]}
+    assert set(checks["meta"]["last_layer_across_depth"]) == set(PLACEMENTS)

@@ -33,9 +33,9 @@ from lnexp.errors import UserError, at_least
 from lnexp.figures import measured
 from lnexp.figures.checks import Check, print_checks, read_checks
 from lnexp.figures.figure import Figure
+from lnexp.names import PAPER_PLACEMENTS
 from lnexp.rundir import run_paths
 
-PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "seed", "side", "layer",
           "param", "grad_norm", "loss", "batch_tokens")
 SUMMARY_FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "side", "layer",
@@ -64,6 +64,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="model width for the at-init models (default: the paper's model, 512)")
     p.add_argument("--warmup-updates", type=at_least(0), default=None,
                    help="updates of the Post-LN after-warm-up run (default: the scale's warmup; 0 = skip)")
+    p.add_argument("--placements", type=measured.placements, default=PAPER_PLACEMENTS,
+                   help="comma list of placements, or all (every configs/placement/*.yaml); default "
+                   + ",".join(PAPER_PLACEMENTS) + ". Post-, Pre- and Peri-LN share initial weights per "
+                   "seed; every other scheme is built at each depth with its own initialisation")
     p.add_argument("--split", default="train", help="dataset split the batches come from")
     p.add_argument("--replot", action="store_true",
                    help="redraw the figure from the summary CSV and checks JSON in --out (no measuring)")
@@ -89,6 +93,7 @@ def main(argv: list[str]) -> int:
     rows, meta = measure(args)
     meta["wall_s"] = round(time.perf_counter() - t0, 1)
     summary = summarise(rows)
+    meta["last_layer_across_depth"] = across_depth(summary, args)
     checks = contrast_checks(summary, args)
     return measured.finish("fig3", args, FIELDS, rows, SUMMARY_FIELDS, summary, checks, meta,
                            lambda: plot(args, summary, meta))
@@ -122,8 +127,10 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     rows: list[dict[str, Any]] = []
     timing: dict[str, float] = {}
     t = time.perf_counter()
+    paired = [p for p in args.placements if p in PAPER_PLACEMENTS]
+    zoo = [p for p in args.placements if p not in PAPER_PLACEMENTS]
     templates = {p: fa.build_model(probes.with_model(base, placement=p), task, 0).to(device).eval()
-                 for p in PLACEMENTS if p != "post_ln"}
+                 for p in paired if p != "post_ln"}
     for seed in seeds:
         ref = fa.build_model(probes.with_model(base, placement="post_ln"), task, seed)
         criterion = fa.build_criterion(base, task)
@@ -133,24 +140,25 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
         for p, m in templates.items():
             probes.load_init_weights(m, state)
             models[p] = m
-        for p in PLACEMENTS:
+        common = {"state": "init", "arch": arch, "d_model": d_model, "seed": seed,
+                  "batch_tokens": int(sample["ntokens"])}
+        for p in paired:
             for depth in args.depths:
                 with probes.truncated(models[p], depth) as m:
-                    full = depth == args.layers_depth
-                    last = m.decoder.layers[-1]
-                    only = probes.ffn_weights(m) if full else [last.fc1.weight, last.fc2.weight]
-                    loss = probes.loss_and_grads(m, criterion, sample, only=only)
-                    rows += _rows(probes.ffn_grad_norms(m), full,
-                                  series=f"{p}_init", placement=p, state="init", arch=arch,
-                                  d_model=d_model, depth=depth, seed=seed, loss=loss,
-                                  batch_tokens=int(sample["ntokens"]))
+                    rows += _measure_one(m, criterion, sample, depth, args.layers_depth, p, common)
+        for p in zoo:  # depth-dependent constants and inits (DeepNorm, Mix-LN...): a model per depth
+            for depth in args.depths:
+                m = fa.build_model(probes.with_model(base, placement=p, encoder_layers=depth,
+                                                     decoder_layers=depth), task, seed).to(device).eval()
+                rows += _measure_one(m, criterion, sample, depth, args.layers_depth, p, common)
+                del m
         print(f"fig3: seed {seed}/{len(seeds)} measured ({time.perf_counter() - t:.0f}s)",
               file=sys.stderr, flush=True)
         del ref, models
     timing["at_init_s"] = round(time.perf_counter() - t, 1)
     warm = _after_warmup(args, cfg, data, batches, device, rows, timing)
     meta = {
-        "scale": args.scale, "seeds": len(seeds), "depths": args.depths,
+        "scale": args.scale, "seeds": len(seeds), "placements": list(args.placements), "depths": args.depths,
         "layers_depth": args.layers_depth, "split": args.split, "max_tokens": max_tokens,
         "batch_tokens_mean": statistics.mean(int(b["ntokens"]) for b in batches.values()),
         "batch_sentences_mean": statistics.mean(int(b["nsentences"]) for b in batches.values()),
@@ -160,10 +168,25 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
         "batches": "seed s: random sentences of the split (numpy seed s); same batch for every "
         "placement, depth and the after-warm-up model",
         "init": "seed s: fairseq's init of a 14+14 model (torch seed s); Pre-/Peri-LN get the same "
-        "weights; depth L = first L layers per stack",
+        "weights; depth L = first L layers per stack"
+        + ("; the other schemes: their own init of an L+L model (torch seed s)" if zoo else ""),
         "timing": timing, **warm,
     }
     return rows, meta
+
+
+def _measure_one(m, criterion, sample, depth: int, layers_depth: int, placement: str,
+                 common: dict[str, Any]) -> list[dict[str, Any]]:
+    """Gradient norms of one depth-``depth`` model: every FFN at the per-layer panels' depth, else the
+    last decoder layer's."""
+    from lnexp import probes
+
+    full = depth == layers_depth
+    last = m.decoder.layers[-1]
+    only = probes.ffn_weights(m) if full else [last.fc1.weight, last.fc2.weight]
+    loss = probes.loss_and_grads(m, criterion, sample, only=only)
+    return _rows(probes.ffn_grad_norms(m), full, series=f"{placement}_init", placement=placement,
+                 depth=depth, loss=loss, **common)
 
 
 def _rows(grads: dict, full: bool, **common) -> list[dict[str, Any]]:
@@ -281,6 +304,9 @@ def contrast_checks(summary: list[dict[str, Any]], args) -> list[Check]:
             "Peri-LN's last-layer W2 gradient, max/min over depths (reported)",
             values=dict(zip(map(str, depths), vals, strict=True)),
             ratio_deep_over_shallow=last_w(f"{p}_init", b) / last_w(f"{p}_init", a))
+    absent = [p for p in PAPER_PLACEMENTS if p not in args.placements]
+    # a claim about a placement not measured (--placements) is not made
+    checks[:] = [c for c in checks if c.id.split("_ln_")[0] + "_ln" not in absent]
     warm = [r for r in summary if r["state"] == "after_warmup"]
     if warm:
         arch, depth = warm[0]["arch"], warm[0]["depth"]
@@ -292,6 +318,23 @@ def contrast_checks(summary: list[dict[str, Any]], args) -> list[Check]:
             f"<= {FAR_BELOW}", threshold=FAR_BELOW, after=after, init_same_model=init_same,
             ratio_to_paper_size_init=after / init_big)
     return checks
+
+
+def across_depth(summary: list[dict[str, Any]], args) -> dict[str, dict[str, Any]]:
+    """Per placement, the last decoder layer's W1/W2 gradient against depth: the values, max/min
+    (flat: <= FLAT) and deepest/shallowest; the zoo's answer to (c, d), stored in the checks JSON."""
+    g = _Lookup(summary)
+    out: dict[str, dict[str, Any]] = {}
+    for p in args.placements:
+        for param in ("W1", "W2"):
+            vals = [g.mean(f"{p}_init", d, "decoder", d, param) for d in args.depths]
+            finite = [v for v in vals if math.isfinite(v) and v > 0]
+            out.setdefault(p, {})[param] = {
+                "values": dict(zip(map(str, args.depths), vals, strict=True)),
+                "max_over_min": max(finite) / min(finite) if finite else math.nan,
+                "deep_over_shallow": vals[-1] / vals[0] if vals[0] else math.nan,
+                "flat": bool(finite) and max(finite) / min(finite) <= FLAT}
+    return out
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -309,6 +352,7 @@ def replot(args) -> int:
     doc, checks = read_checks(args.out / f"{args.name}_checks.json")
     meta = doc["meta"]
     args.depths, args.layers_depth = meta["depths"], meta["layers_depth"]
+    args.placements = tuple(meta.get("placements", PAPER_PLACEMENTS))
     print_checks(checks, measured.MARKS)
     print("fig3: redrew " + ", ".join(str(p) for p in plot(args, summary, meta)))
     return 0
@@ -318,12 +362,13 @@ def plot(args, summary, meta) -> list[Path]:
     from lnexp.figures import style
 
     plt = style.setup()
+    if any(p not in PAPER_PLACEMENTS for p in args.placements):
+        return plot_zoo(plt, args, summary, meta)
     g = _Lookup(summary)
     L, depths = args.layers_depth, args.depths
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.2))
-    series = [("pre_ln_init", "pre_ln", "Pre-LN (init)", {}),
-              ("post_ln_init", "post_ln", "Post-LN (init)", {}),
-              ("peri_ln_init", "peri_ln", "Peri-LN (init)", {})]
+    series = [(f"{p}_init", p, f"{style.LABELS[p]} (init)", {}) for p in ("pre_ln", "post_ln", "peri_ln")
+              if p in args.placements]
     warm = meta.get("after_warmup")
     if warm:
         arch, small = warm["arch"], warm["d_model"] != meta["d_model"]
@@ -335,7 +380,7 @@ def plot(args, summary, meta) -> list[Path]:
                        {"alpha": 0.45}))
     width = 0.8 / len(series)
     std = {(r["series"], r["depth"], r["side"], r["layer"], r["param"]): r["std"] for r in summary}
-    at_init = {f"{p}_init" for p in PLACEMENTS}
+    at_init = {f"{p}_init" for p in args.placements}
 
     def depth_of(name: str) -> int:
         return L if name in at_init else _series_depth(summary, name, L)
@@ -365,7 +410,7 @@ def plot(args, summary, meta) -> list[Path]:
         ax.set_ylim(0, ax.get_ylim()[1] * 1.4)
         ax.legend(ncol=3, loc="upper center", fontsize=7)
     for ax, param, tag in ((axes[1, 0], "W1", "(c)"), (axes[1, 1], "W2", "(d)")):
-        for p in PLACEMENTS:
+        for p in args.placements:
             ys = [g.mean(f"{p}_init", d, "decoder", d, param) for d in depths]
             es = [std.get((f"{p}_init", d, "decoder", d, param), 0.0) for d in depths]
             ax.errorbar(depths, ys, yerr=es, marker="o", ms=4, capsize=2, color=style.COLORS[p],
@@ -377,6 +422,11 @@ def plot(args, summary, meta) -> list[Path]:
         ax.set_ylim(bottom=0)
         ax.legend()
     fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return style.save(fig, args.out, args.name, _note(meta))
+
+
+def _note(meta) -> str:
+    warm = meta.get("after_warmup")
     note = (f"{meta['dataset']} {meta['split']}, scale={meta['scale']}: at init d={meta['d_model']} "
             f"(fairseq init), {meta['seeds']} seeds (init + batch of <= {meta['max_tokens']} tokens, "
             f"mean {meta['batch_tokens_mean']:.0f} target tokens), dropout off; error bars: std "
@@ -386,6 +436,58 @@ def plot(args, summary, meta) -> list[Path]:
                  f"{warm['updates']} updates (lr {warm['lr']:g}, warm-up {warm['warmup']}), "
                  "measured on the same batches"
                  + ("; hatched: that model at init" if warm["d_model"] != meta["d_model"] else ""))
+    return note
+
+
+def plot_zoo(plt, args, summary, meta) -> list[Path]:
+    """Many placements: heatmaps, one row per scheme (label in its colour). (a, b) log10 of each
+    layer's gradient norm; (c, d) the last layer's gradient at each depth over its value at the
+    shallowest depth (1 = flat in depth), numbers in the cells (the gradient itself where it is 0 at
+    the shallowest depth: ReZero's gate)."""
+    import numpy as np
+
+    from lnexp.figures import style
+
+    g = _Lookup(summary)
+    L, depths, places = args.layers_depth, args.depths, list(args.placements)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 2.2 + 0.42 * len(places) * 2),
+                             gridspec_kw={"width_ratios": (2, 1)})
+    layers = [(side, layer) for side in ("encoder", "decoder") for layer in range(1, L + 1)]
+    for row, param in enumerate(("W1", "W2")):
+        per_layer = np.array([[g.mean(f"{p}_init", L, s, la, param) for s, la in layers] for p in places])
+        ax = axes[row, 0]
+        with np.errstate(divide="ignore", invalid="ignore"):  # ReZero at init: exactly 0 (gate 0)
+            im = ax.imshow(np.ma.masked_invalid(np.log10(per_layer)), aspect="auto", cmap="viridis")
+        ax.set_xticks(range(len(layers)), [f"{s[0].upper()}{la}" for s, la in layers])
+        ax.axvline(L - 0.5, color="white", lw=1)
+        ax.set_xlabel("layer (E = encoder, D = decoder)")
+        ax.set_title(f"({'ab'[row]}) log10 ‖∂L/∂{param}‖_F per layer, {L}-{L} model at init")
+        fig.colorbar(im, ax=ax, fraction=0.03)
+        last = np.array([[g.mean(f"{p}_init", d, "decoder", d, param) for d in depths] for p in places])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel = last / last[:, :1]
+            shade = np.ma.masked_invalid(np.log2(rel))
+        ax = axes[row, 1]
+        im = ax.imshow(shade, aspect="auto", cmap="coolwarm", vmin=-2, vmax=2)
+        for i in range(len(places)):
+            for j in range(len(depths)):
+                text = f"{rel[i, j]:.2f}" if np.isfinite(rel[i, j]) else f"{last[i, j]:.2g}"
+                ax.text(j, i, text, ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(len(depths)), [f"{d}-{d}" for d in depths])
+        ax.set_xlabel("model depth (encoder-decoder layers)")
+        ax.set_title(f"({'cd'[row]}) last layer's {param} gradient / at {depths[0]}-{depths[0]}")
+        fig.colorbar(im, ax=ax, fraction=0.05, label="log2 ratio")
+        for ax in axes[row]:
+            ax.set_yticks(range(len(places)), [style.LABELS[p] for p in places])
+            ax.grid(False)
+            for tick, p in zip(ax.get_yticklabels(), places, strict=True):
+                tick.set_color(style.COLORS[p])
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    note = (_note(meta).replace("(fairseq init)", "(fairseq init; schemes other than Post-/Pre-/Peri-LN: "
+                                "their own init at each depth)")
+            .replace("error bars: std over seeds", "cells: means over seeds (std in the summary CSV)")
+            + ("\nPost-LN after warm-up: in the summary CSV (not drawn here)"
+               if meta.get("after_warmup") else ""))
     return style.save(fig, args.out, args.name, note)
 
 

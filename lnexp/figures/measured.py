@@ -16,7 +16,7 @@ from typing import Any
 
 from lnexp.errors import ArgumentParser
 from lnexp.figures.checks import Check, print_checks, write_checks
-from lnexp.names import SCALES
+from lnexp.names import PLACEMENTS, SCALES
 from lnexp.rundir import atomic_file
 
 
@@ -31,6 +31,20 @@ def parser(name: str, description: str, runs_root_help: str) -> ArgumentParser:
                    help="Hydra override of the training config, e.g. dataset=iwslt14_de_en or "
                    "dataset.dir=PATH (repeatable)")
     return p
+
+
+def placements(text: str) -> tuple[str, ...]:
+    """An argparse type for ``--placements``: a comma list of placement names, or ``all`` (every
+    configs/placement/*.yaml, in lnexp.names.PLACEMENTS' order)."""
+    if text.strip() == "all":
+        return PLACEMENTS
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in PLACEMENTS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown placement {', '.join(bad) or '(none given)'}: choose from all or a comma list of "
+            + ",".join(PLACEMENTS))
+    return tuple(dict.fromkeys(names))
 
 
 def start(parse_args: Callable[[list[str]], argparse.Namespace], argv: list[str]) -> argparse.Namespace:

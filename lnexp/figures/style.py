@@ -8,7 +8,30 @@ from lnexp.errors import cannot_write
 from lnexp.rundir import write_with
 
 COLORS = {"post_ln": "#d62728", "pre_ln": "#1f77b4", "peri_ln": "#2ca02c", "deepnorm": "#9467bd"}
-LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepnorm": "DeepNorm"}
+LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepnorm": "DeepNorm",
+          "b2t": "B2T", "hybridnorm": "HybridNorm", "ln_scaling": "LN Scaling", "mix_ln": "Mix-LN",
+          "normformer": "NormFormer", "olmo2": "OLMo-2", "qk_norm": "QK-norm", "rezero": "ReZero",
+          "sandwich_ln": "Sandwich-LN", "sub_ln": "Sub-LN", "t_fixup": "T-Fixup"}
+
+
+def _zoo_styles() -> None:
+    """The schemes without a fixed colour get one of a qualitative colormap (in lnexp.names.PLACEMENTS'
+    order, so a scheme's colour is the same in every figure) and a label from their name."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    from lnexp.names import PLACEMENTS
+
+    cmap = colormaps["tab20"]
+    fixed = {c.lower() for c in COLORS.values()}
+    free = [to_hex(cmap(i)) for i in range(cmap.N) if to_hex(cmap(i)) not in fixed]
+    rest = [p for p in PLACEMENTS if p not in COLORS]
+    for i, p in enumerate(rest):
+        COLORS[p] = free[i % len(free)]
+        LABELS.setdefault(p, p.replace("_ln", "-LN").replace("_", " "))
+
+
+_zoo_styles()
 
 
 def setup():

@@ -30,8 +30,9 @@ from lnexp.errors import at_least
 from lnexp.figures import measured
 from lnexp.figures.checks import Check
 from lnexp.figures.figure import Figure
+from lnexp.names import PAPER_PLACEMENTS
 
-LEMMA_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
+LEMMA_PLACEMENTS = PAPER_PLACEMENTS
 KAN_CONFIGS = (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
 FIELDS = ("setting", "placement", "residual_scale", "state", "seed", "side", "layer", "point",
           "quantity", "value")
@@ -60,6 +61,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="updates of the short runs for (d, e) when no finished runs are found; "
                    "0 = at init only")
     p.add_argument("--train-tokens", type=at_least(1), default=1024, help="batch size of those short runs")
+    p.add_argument("--placements", type=measured.placements, default=PAPER_PLACEMENTS,
+                   help="comma list of placements, or all: adds (f, g), each one's hidden-state "
+                   "growth per layer at init in the model of (d, e) (default " + ",".join(PAPER_PLACEMENTS)
+                   + ": not drawn; (a)-(e) keep their placements)")
     p.add_argument("--no-reuse", action="store_true", help="do not look for finished runs")
     return p.parse_args(argv)
 
@@ -70,7 +75,7 @@ def main(argv: list[str]) -> int:
     rows: list[dict[str, Any]] = []
     meta: dict[str, Any] = {"scale": args.scale, "timing": {}}
     for name, part in (("lemmas", lemma_rows), ("ln_jacobian", jacobian_rows),
-                       ("real_init", real_init_rows), ("kan", kan_rows)):
+                       ("real_init", real_init_rows), ("kan", kan_rows), ("zoo", zoo_rows)):
         t = time.perf_counter()
         rows += part(args, meta)
         meta["timing"][f"{name}_s"] = round(time.perf_counter() - t, 1)
@@ -326,6 +331,36 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
     return rows
 
 
+def zoo_rows(args, meta) -> list[dict[str, Any]]:
+    """Kan et al.'s per-layer statistics at init for every ``--placements`` scheme (its own init,
+    seed 1), in the model and on the batch of (d, e); none for the default placements."""
+    from lnexp import fairseq_adapter as fa
+    from lnexp import probes
+    from lnexp.data.registry import load_for_training
+
+    if tuple(args.placements) == PAPER_PLACEMENTS:
+        return []
+    cfg = probes.compose_config(["placement=pre_ln", f"scale={args.scale}", *args.override])
+    data = load_for_training(cfg.dataset)
+    base = probes.fairseq_config(cfg, data, arch=cfg.scale.arch)
+    task = fa.setup_task(base, ("valid",))
+    sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
+    rows = []
+    for placement in args.placements:
+        model = fa.build_model(probes.with_model(base, placement=placement), task, 1)
+        rows += _stat_rows(_stream(_forward_stats(model, sample, ("input", "output"))), setting="zoo_init",
+                           placement=placement, residual_scale=1.0, state="init", seed=1)
+        del model
+    enc = {(r["placement"], r["layer"]): float(r["value"]) for r in rows
+           if r["side"] == "encoder" and r["quantity"] == "mean_abs" and r["point"] == "stream"}
+    last = max(la for _, la in enc)
+    meta["zoo"] = {"arch": cfg.scale.arch, "placements": list(args.placements), "seed": 1,
+                   "encoder_mean_abs_last_over_input": {p: enc[(p, last)] / enc[(p, 0)]
+                                                        for p in args.placements},
+                   "batch": f"valid, {int(sample['nsentences'])} sentences"}
+    return rows
+
+
 # --- summary, checks, output --------------------------------------------------------------------
 
 
@@ -413,7 +448,9 @@ def plot(args, summary, checks: list[Check], meta) -> list[Path]:
     from lnexp.figures import style
 
     plt = style.setup()
-    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+    zoo = meta.get("zoo")
+    fig, axes = plt.subplots(3 if zoo else 2, 3, figsize=(14, 8 + (2 + 0.3 * len(zoo["placements"])
+                                                                   if zoo else 0)))
     sim, real = meta["simplified"], meta["real_init"]
 
     ax = axes[0, 0]
@@ -511,9 +548,43 @@ def plot(args, summary, checks: list[Check], meta) -> list[Path]:
             lines.append(f"  {c.id[4:]}: {measured.short(c.measured['value'])}")
     ax.text(0, 1, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=7.5,
             transform=ax.transAxes)
+    if zoo:
+        _zoo_panels(fig, axes[2], summary, zoo)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     note = (f"(a, b) simplified: {sim['setting']}; {sim['seeds']} inits x {sim['tokens']} tokens; "
             f"real model: {real['arch']} (d={real['d']}), {real['init']} init, {real['seeds']} seeds, "
             f"{real['dataset']} {real['batch']}.\n(d, e) after training: {kan['after_training']}; "
             f"statistics on {kan['batch']}, eval mode. scale={meta['scale']}")
     return style.save(fig, args.out, args.name, note)
+
+
+def _zoo_panels(fig, axes, summary, zoo) -> None:
+    """(f, g): heatmaps, one row per scheme (label in its colour), of mean |x| and log10 variance of
+    the residual stream after each layer at init."""
+    import numpy as np
+
+    from lnexp.figures import style
+
+    places = zoo["placements"]
+    n = max(r["layer"] for r in summary if r["setting"] == "zoo_init")
+    cols = [(side, la) for side in ("encoder", "decoder") for la in range(0, n + 1)]
+    for ax, quantity, tag, title, f in ((axes[0], "mean_abs", "(f)", "mean |x|", lambda a: a),
+                                        (axes[1], "var", "(g)", "log10 variance of x", np.log10)):
+        grid = np.full((len(places), len(cols)), np.nan)
+        for i, p in enumerate(places):
+            for side in ("encoder", "decoder"):
+                la, m, _ = _series(summary, "zoo_init", p, "stream", quantity, side=side)
+                for x, v in zip(la, m, strict=True):
+                    grid[i, cols.index((side, x))] = v
+        with np.errstate(divide="ignore", invalid="ignore"):
+            im = ax.imshow(np.ma.masked_invalid(f(grid)), aspect="auto", cmap="viridis")
+        fig.colorbar(im, ax=ax, fraction=0.04)
+        ax.set_xticks(range(len(cols)), [f"{s[0].upper()}{x}" for s, x in cols], fontsize=7)
+        ax.axvline(n + 0.5, color="white", lw=1)
+        ax.set_yticks(range(len(places)), [style.LABELS[p] for p in places], fontsize=7)
+        for tick, p in zip(ax.get_yticklabels(), places, strict=True):
+            tick.set_color(style.COLORS[p])
+        ax.grid(False)
+        ax.set_xlabel("residual stream after layer (E0/D0 = embeddings)")
+        ax.set_title(f"{tag} {title} per layer at init, {zoo['arch']}")
+    axes[2].axis("off")
