@@ -18,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lnexp.errors import ConfigError
 from lnexp.names import NORMS, PLACEMENTS, PRECISIONS, SCHEDULES
-from lnexp.scheme import Norm, Placement
+from lnexp.scheme import NUMBER_OR_FORMULA, Norm, Placement
 
 # A link to the top-level configs/ in a checkout; the YAML files themselves in an installed wheel.
 CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
@@ -312,6 +312,8 @@ def _fits(value: object, like: object) -> bool:
 
 
 def _check_kind(path: str, value: object, like: object) -> None:
+    if path.removeprefix("placement.") in NUMBER_OR_FORMULA:
+        return  # a number or a formula's name, whichever the YAML has: Placement checks it
     if isinstance(like, dict):
         if not isinstance(value, dict):
             first = next(iter(like), "")

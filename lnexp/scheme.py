@@ -139,10 +139,9 @@ class Placement:
                                  f"e.g. placement.{key}=true")
         if self.structure not in STRUCTURES:
             raise ValueError(f"{where}: structure={self.structure!r} is not one of {', '.join(STRUCTURES)}")
-        for key in ("input_norm_scale", "residual_weight"):
-            _check_value(where, key, getattr(self, key))
-        _check_value(where, "init.gain", self.init.gain)
-        _check_value(where, "init.embed_gain", self.init.embed_gain)
+        for key in NUMBER_OR_FORMULA:
+            _check_value(where, key, getattr(self.init if key.startswith("init.") else self,
+                                             key.removeprefix("init.")))
         if self.init.draw not in DRAWS:
             raise ValueError(f"{where}: init.draw={self.init.draw!r} is not one of {', '.join(DRAWS)}")
         bad = [m for m in (*self.init.scaled, *self.init.unit) if m not in MATRICES]
@@ -207,6 +206,10 @@ class Placement:
     @classmethod
     def from_json(cls, text: str) -> Placement:
         return cls.from_config(json.loads(text))
+
+
+# the keys that take a number or a formula's name (one placement's YAML has the one, another the other)
+NUMBER_OR_FORMULA = ("input_norm_scale", "residual_weight", "init.gain", "init.embed_gain")
 
 
 def _check_value(where: str, key: str, value: Any) -> None:

@@ -11,7 +11,10 @@ import pytest
 
 # Under `make test` two pytest-xdist workers share the 2 cores: one thread each, so that they never
 # oversubscribe them (two processes that each take every core run several times slower each).
-os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
+# (Forced in a worker: the controller process, which loads this file too, sets the serial default.)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+os.environ.setdefault("OMP_NUM_THREADS", "2")
 # the tests' trainings share the cores among themselves only, not with other lnexp runs of the host
 os.environ.setdefault("LNEXP_ACTIVE_DIR", tempfile.mkdtemp(prefix="lnexp-test-active-"))
 REPO = Path(__file__).resolve().parents[1]

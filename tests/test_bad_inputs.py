@@ -67,7 +67,7 @@ CASES = [
     ("train warmup=2.5", "warmup=2.5 is not a whole number: e.g. warmup=4000"),
     ("train max_epoch=0", "max_epoch=0 must be a whole number >= 1"),
     ("train track_norms=yes", "track_norms='yes' is not true or false: e.g. track_norms=false"),
-    ("train norm=batchnorm", "norm='batchnorm' is not one of layernorm, rmsnorm"),
+    ("train norm=batchnorm", "norm=batchnorm is not an option of the norm group: use one of dyt, "),
     # --- lnexp train: keys that do not exist, twice, deleted ---------------------------------
     ("train +foo=1", "foo is not a key of lnexp's training config"),
     ("train +optimizer.bets=[0.9,0.98]", "did you mean optimizer.betas?"),
@@ -79,7 +79,9 @@ CASES = [
     # --- lnexp train: groups, sweeps, folders, Hydra's flags ---------------------------------
     ("train depth=1000000", "depth=1000000 is more than 1000 layers a stack"),
     ("train depth=0", "depth=0 must be a whole number of layers >= 1"),
-    ("train placement=preln", "use one of deepnorm, peri_ln, post_ln, pre_ln"),
+    ("train placement=preln", "use one of b2t, deepnorm, hybridnorm, "),
+    ("train placement=deepnorm placement.residual_weight=alpha",
+     "residual_weight='alpha' must be a number or one of deepnorm_alpha"),
     ("train dataset=nope", "dataset=nope is not an option of the dataset group"),
     ("train -m seed=1,-1", "seed=-1 must be a whole number >= 0"),
     ("train -m lr=interval(1e-4,1e-3)", "write e.g. lr=1e-4,5e-4,1e-3"),

@@ -221,8 +221,9 @@ def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("norm.alpha0=abc", "norm.alpha0='abc' must be a number > 0"),
-    ("placement.qk_norm=yes", "qk_norm='yes' must be true or false"),
+    ("norm.alpha0=abc", "norm.alpha0='abc' is not a number: e.g. norm.alpha0=0.5"),
+    ("norm.alpha0=0", "norm.alpha0=0 must be a positive number"),
+    ("placement.qk_norm=yes", "placement.qk_norm='yes' is not true or false"),
     ("placement.residual_weight=alpha", "must be a number or one of deepnorm_alpha"),
     ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t"),
     ("placement.first_layers={fraction:2}", "first_layers takes fraction (0..1)"),
@@ -342,3 +343,11 @@ def build_spec(placement: str) -> str:
     from lnexp.train.settings import SimpleNamespace
 
     return placement_of(SimpleNamespace(placement=placement)).to_json()
+
+
+def test_a_formula_key_takes_a_number_or_a_formula_whichever_the_yaml_has():
+    from lnexp.config import compose
+
+    assert compose(["placement=pre_ln", "placement.residual_weight=deepnorm_alpha"]).placement \
+        .residual_weight == "deepnorm_alpha"
+    assert compose(["placement=deepnorm", "placement.residual_weight=1.0"]).placement.residual_weight == 1.0

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from lnexp import logs
 from lnexp.data import registry
 from lnexp.data.cache import cache_root
 from lnexp.data.corpus import Corpus
@@ -52,21 +54,29 @@ def _usage(name: str, corpus: Corpus) -> str:
     return f"  lnexp prepare {name} " + " ".join(w if o.required else f"[{w}]" for o, w in words)
 
 
-def setup_logging() -> None:
-    """Progress on stderr, short; fairseq's own INFO chatter stays off."""
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+@contextmanager
+def progress_on_stderr() -> Iterator[None]:
+    """lnexp's progress on stderr, short, while the corpus is prepared; fairseq's own INFO chatter
+    stays off. Put back as it was afterwards, so that a command run next in the same process
+    (tests, notebooks) logs as it would alone."""
     log = logging.getLogger("lnexp")
-    for h in [h for h in log.handlers if getattr(h, "_lnexp_prepare", False)]:
-        log.removeHandler(h)  # a new one writes to the current sys.stderr
-    handler = logging.StreamHandler(sys.stderr)
+    saved = (log.level, log.propagate)
+    quiet = {name: logging.getLogger(name).level for name in ("fairseq", "fairseq_cli")}
+    handler = logs.CurrentStderr()
     handler.setFormatter(logging.Formatter("[%(asctime)s] %(message)s", datefmt="%H:%M:%S"))
-    handler._lnexp_prepare = True  # type: ignore[attr-defined]
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-    for name in ("fairseq", "fairseq_cli"):
+    for name in quiet:
         logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+        for name, level in quiet.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def _stamps(corpus_dir: Path) -> dict[str, int | None]:
@@ -92,9 +102,9 @@ def run(args: argparse.Namespace):
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    setup_logging()
     start = time.monotonic()
-    data, rebuilt = run(args)
+    with progress_on_stderr():
+        data, rebuilt = run(args)
     counts = " / ".join(f"{s} {data.counts[s]:,}" for s in SPLITS)
     print(f"{data.name}: {counts} sentence pairs")
     print(f"binarised data: {data.bin_dir}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from lnexp import logs
 from lnexp.config import first_line as _first_line
 from lnexp.errors import ConfigError, UserError
 
@@ -226,7 +227,7 @@ def main(argv: list[str]) -> int:
         print(train_help())
         return 0
     config.register_resolvers()
-    passive = passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
+    passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
     if {"-sc", "--shell-completion"} & set(argv):
@@ -250,10 +251,7 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning,ignore::FutureWarning,"
                                             "ignore::DeprecationWarning")
     if not info:  # Hydra logs --info itself: a root handler would print each line twice
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                            datefmt="%H:%M:%S")
-    if passive:
-        log.info("OMP_WAIT_POLICY=PASSIVE: this launch shares the host (%s)", passive)
+        logs.to_stderr(logging.INFO, "%(asctime)s %(name)s: %(message)s", "%H:%M:%S")
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: record it as Ctrl-C would
     hydra_main = hydra.main(config_path=str(config.CONFIG_DIR), config_name="train",
                             version_base="1.1")(_job)

@@ -24,6 +24,7 @@ from lnexp.rundir import process_started, same_process
 log = logging.getLogger("lnexp.train")
 ACTIVE_ENV = "LNEXP_ACTIVE_DIR"  # where trainings register (default: the temp folder's lnexp-active)
 REFRESH_S = 2.0  # how often a running training looks for others
+PASSIVE_ENV = "LNEXP_PASSIVE_WAIT"  # why this launch set OMP_WAIT_POLICY=PASSIVE (the threads line says)
 
 
 def cores() -> int:
@@ -135,8 +136,10 @@ class Sharing:
         first = self.threads == 0
         self.threads = threads
         torch.set_num_threads(threads)
-        log.info("threads: %d (%s)%s", threads, why,
-                 "; set threads=N to choose" if first and not self.fixed else "")
+        passive = os.environ.get(PASSIVE_ENV) if first else None
+        log.info("threads: %d (%s)%s%s", threads, why,
+                 "; set threads=N to choose" if first and not self.fixed else "",
+                 f"; OMP_WAIT_POLICY=PASSIVE: this launch shares the host ({passive})" if passive else "")
 
     def refresh(self) -> None:
         """Take the fair share again if trainings started or ended (every REFRESH_S at most)."""
@@ -168,5 +171,7 @@ def passive_wait_if_shared(argv: list[str]) -> str | None:
     if not joblib and not others:
         return None
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return "a joblib sweep" if joblib else \
+    why = "a joblib sweep" if joblib else \
         f"{others} other lnexp training{'s' if others > 1 else ''} on this host"
+    os.environ[PASSIVE_ENV] = why  # for the threads line, in the launcher's workers too
+    return why
