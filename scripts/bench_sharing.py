@@ -36,7 +36,7 @@ import _bench as B  # noqa: E402
 
 # the mini model at its default size, warm-up schedule; validation BLEU on a few sentences only
 BASE = ["placement=post_ln", "divergence.plateau_epoch=99", "log_interval=1000"]
-THREADS_LINE = re.compile(r"threads: (\d+) \((.*)\)", re.M)
+THREADS_LINE = re.compile(r"threads: (\d+) \(([^)]*)\)", re.M)
 
 
 def overrides(args: argparse.Namespace) -> list[str]:

@@ -46,16 +46,23 @@ def test_every_sweep_value_composes_and_validates(name):
 
 def test_every_experiment_trains_two_updates_at_its_architecture(tmp_path, small_multi30k,
                                                                  monkeypatch):
-    """In one process (the imports are paid once): the first job of each experiment's sweep. An
-    experiment built on another (fig2_low_lr_*, atlas_dt_*: its defaults name it) changes only sweep
-    values, which the test above composes and validates: its parent's first job stands for it."""
+    """In one process (the imports are paid once): the first job of each experiment's sweep, one
+    experiment per scale, architecture and optimizer (the others differ from it in placement,
+    schedule and sweep values, which the test above composes and validates, and which the model
+    and schedule tests train). An experiment built on another (fig2_low_lr_*, atlas_dt_*: its
+    defaults name it) changes only sweep values: its parent stands for it."""
     from lnexp.train.loop import train_run
 
     monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "cache"))
-    trained = {}
+    trained, kinds = {}, set()
     for name in [e for e in EXPERIMENTS if not parent(e)]:
         first = [f"{k}={v[0]}" for k, v in sweep_params(name).items()]
-        arch = config.compose([f"experiment={name}", *first]).scale.arch
+        composed = config.compose([f"experiment={name}", *first])
+        arch, kind = composed.scale.arch, (composed.scale.name, composed.scale.arch,
+                                           composed.optimizer.name)
+        if kind in kinds:
+            continue
+        kinds.add(kind)
         cfg = config.compose([
             f"experiment={name}", *first, "dataset=multi30k", f"dataset.dir={small_multi30k}",
             "dataset.vocab_size=600", f"scale.arch={arch}", "scale.max_tokens=512",

@@ -11,7 +11,8 @@ import pytest
 
 from tests.conftest import lnexp_cmd
 
-TINY = ["dataset.vocab_size=600", "scale.max_tokens=600", "eval.subset=10"]
+TINY = ["dataset.vocab_size=600", "scale.max_tokens=600", "eval.subset=10", "depth.encoder_layers=2",
+        "depth.decoder_layers=2"]
 
 
 def fake_run(root: Path, name: str, experiment: str, *, placement="post_ln", optimizer="adam", lr=1e-3,
