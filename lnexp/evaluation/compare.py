@@ -62,7 +62,9 @@ def decode(run: Any, ckpt: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def read_lines(path: str) -> list[str]:
-    return Path(path).read_text(encoding="utf-8").splitlines()
+    from lnexp.data.text import read_lines as read
+
+    return read(Path(path))
 
 
 def paired_tests(hyps_a: list[str], hyps_b: list[str], refs: list[str], names: tuple[str, str],
