@@ -38,7 +38,7 @@ SCALE_TEXT = {
               f"base, {describe_arch('ln_transformer_wmt_en_de')}, 8192 tokens x 16), GPU."),
 }
 MINI_MAPPING = """\
-How the paper's settings map to the mini scale (configs/experiment/*_mini.yaml):
+How the paper's settings map to the mini scale (docs/reproduction.md):
 - Warm-up: the paper's 4000 updates (3.6 IWSLT epochs) become 100 updates (0.77 Multi30k epoch, the
   mini scale's calibrated warm-up); the paper's 500 keep the ratio 1:8 and become 13 updates. Taken
   proportionally in epochs, 4000 would be ~470 updates, longer than a whole 2-epoch mini run.
