@@ -21,9 +21,9 @@ from lnexp.rundir import read_json, run_paths, write_json
 from lnexp.train import progress, runlock, settings
 from lnexp.train.divergence import PlateauRule, non_finite, unigram_entropy_bits
 from lnexp.train.epoch_checkpoints import keep_epoch
-from lnexp.train.evaluate import BleuScorer, validation_loss
 from lnexp.train.runlog import RunLog
 from lnexp.train.sharing import Sharing
+from lnexp.train.validation import BleuScorer, validation_loss
 
 log = logging.getLogger("lnexp.train")
 FINAL = ("done", "diverged")
