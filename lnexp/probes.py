@@ -130,14 +130,10 @@ def compose_config(overrides: list[str]):
 def fairseq_config(cfg, data, arch: str | None = None, **flags):
     """fairseq's config of a training config, with the architecture and fairseq flags replaced
     (e.g. ``encoder_embed_dim=32``)."""
-    from lnexp import fairseq_adapter as fa
     from lnexp.train import settings
 
-    f = settings.fairseq_flags(cfg, 1, "cpu")
-    if arch:
-        f["arch"] = arch
-    f.update(flags)
-    return fa.to_fairseq_config(fa.training_args(data.bin_dir, f))
+    replace = {"arch": arch, **flags} if arch else flags
+    return settings.fairseq_config(cfg, data, "cpu", 1, **replace).config
 
 
 def with_model(fcfg, **model):

@@ -261,9 +261,8 @@ def short_training(cfg, data, updates: int) -> dict:
     from lnexp.train import settings
 
     with tempfile.TemporaryDirectory() as tmp:
-        flags = settings.fairseq_flags(cfg, 1, "cpu")
-        flags.update(save_dir=tmp, no_progress_bar=True, disable_validation=True)
-        fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
+        fcfg = settings.fairseq_config(cfg, data, "cpu", 1, save_dir=tmp, no_progress_bar=True,
+                                       disable_validation=True).config
         _, model, _, trainer = fa.build_trainer(fcfg)
         _, epoch_itr = fa.epoch_iterator(fcfg, trainer, None)
         while trainer.get_num_updates() < updates:

@@ -44,8 +44,7 @@ def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
         return body(cfg, run_dir, None)
     data = load_for_training(cfg.dataset)  # once, before the workers (they find it prepared)
     device = settings.resolve_device(cfg)
-    flags = settings.fairseq_flags(cfg, 1, device)
-    fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
+    fcfg = settings.fairseq_config(cfg, data, device, updates_per_epoch=1).config
     mode = fa.infer_init_method(fcfg)
     if mode is None:
         return body(cfg, run_dir, None)
