@@ -116,7 +116,7 @@ class LnexpTrainer:
         self.data = load_for_training(cfg.dataset)
         self.device = settings.resolve_device(cfg)
         self.updates_per_epoch = fa.updates_per_epoch(
-            settings.fairseq_config(cfg, self.data, self.device, 1).config)
+            settings.fairseq_config(cfg, self.device, 1).config)
         flags = settings.fairseq_flags(cfg, self.updates_per_epoch, self.device)
         if stock:
             flags = settings.stock_flags(flags)
@@ -220,12 +220,11 @@ def data_parallel(overrides: list[str], warmup: int, updates: int, out: Path) ->
     import json
 
     from lnexp import fairseq_adapter as fa
-    from lnexp.data.registry import load_for_training
     from lnexp.train import settings
 
     cfg = compose(overrides)
     device = settings.resolve_device(cfg)
-    fcfg = settings.fairseq_config(cfg, load_for_training(cfg.dataset), device, 1).config
+    fcfg = settings.fairseq_config(cfg, device, 1).config
     if fa.infer_init_method(fcfg) is None:
         raise ValueError("data_parallel needs distributed.world_size > 1")
     out.unlink(missing_ok=True)

@@ -1,9 +1,10 @@
 """One training run: fairseq's Trainer driven epoch by epoch, exactly as fairseq-train drives it,
 plus per-epoch validation loss and BLEU, per-update logs, divergence and resumable checkpoints.
 
-It reads top to bottom: ``train_process`` sets up (lnexp's config read once into a typed
-``RunSetup``, then fairseq's objects restored from the last checkpoint), trains epoch by epoch
-(``_one_epoch``, ``_end_of_epoch``) and finishes. What only rank 0 does is in lnexp.train.rank0;
+It reads top to bottom: ``train_process`` reads lnexp's config once into a typed ``RunSetup``
+(settings first, then the data, fairseq's config and the checkpoint to resume from); ``Training``
+sets up fairseq's objects from it, trains epoch by epoch (``_one_epoch``, ``_end_of_epoch``) and
+finishes. What only rank 0 does is in lnexp.train.rank0;
 what a checkpoint carries of lnexp's progress is ``RunState`` (lnexp.train.state).
 """
 
@@ -14,7 +15,6 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from lnexp import fairseq_adapter as fa
 from lnexp import rundir
 from lnexp.rundir import read_json, run_paths
 from lnexp.train import runlock, settings
-from lnexp.train.divergence import PlateauRule, non_finite, unigram_entropy_bits
+from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import FINAL, OtherRank, Rank0
 from lnexp.train.settings import RunSetup
 from lnexp.train.sharing import Sharing
@@ -60,138 +60,126 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         return distributed.launch(cfg, run_dir, train_process)
 
 
-@dataclass
-class Training:
-    """One process's training: its settings, fairseq's objects, the checkpointed state, and what
-    rank 0 alone does."""
-
-    setup: RunSetup
-    task: Any
-    trainer: Any
-    epoch_itr: Any
-    state: RunState
-    rule: PlateauRule
-    rank0: Rank0
-    sharing: Sharing
-    t0: float  # perf_counter at the run's start (the time of earlier processes included)
-
-
 def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
     """The training of one process: the whole run, or one rank of a data-parallel run (``dist``:
     fairseq's distributed settings of the rank, see lnexp.train.distributed)."""
     sharing = Sharing(int(cfg.threads), run_dir)
     try:
         setup = settings.run_setup(cfg, run_paths(run_dir), run_dir, dist)
-        run = set_up(setup, sharing)
-        try:
-            while run.epoch_itr.next_epoch_idx <= setup.max_epoch:
-                epoch = run.epoch_itr.next_epoch_idx
-                if not _one_epoch(run, epoch) or _end_of_epoch(run, epoch):
-                    break
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say so; the last checkpoint resumes it
-            run.rank0.interrupted(run.state, run.trainer.get_num_updates())
-            raise
-        finally:
-            run.rank0.close()
-        return _finish(run)
+        return Training(setup, sharing).train()
     finally:
         sharing.close()
 
 
-def set_up(setup: RunSetup, sharing: Sharing) -> Training:
-    """fairseq's task, model and Trainer (seeded as fairseq-train seeds them), restored from the
-    last checkpoint with lnexp's state; rank 0 writes the run's description."""
-    task, model, _, trainer = fa.build_trainer(setup.fcfg)
-    extra, epoch_itr = fa.epoch_iterator(setup.fcfg, trainer, _resume_from(setup.paths))
-    state = RunState.from_checkpoint(extra)
-    entropy = unigram_entropy_bits(task.dataset("train").tgt,
-                                   Path(setup.data.bin_dir) / f"unigram_entropy.{setup.data.tgt}.json")
-    rule = PlateauRule(entropy, setup.plateau_epoch, setup.plateau_margin)
-    rank0 = (Rank0(setup, task, model, trainer, epoch_itr, state, entropy) if setup.master
-             else OtherRank())
-    return Training(setup, task, trainer, epoch_itr, state, rule, rank0, sharing,
-                    t0=time.perf_counter() - state.wall_s)
+class Training:
+    """One process's training: set up from a ``RunSetup``, then epoch by epoch, then finished."""
 
+    def __init__(self, setup: RunSetup, sharing: Sharing) -> None:
+        """Set-up: fairseq's task, model and Trainer (seeded as fairseq-train seeds them), restored
+        from the checkpoint the run resumes from with lnexp's state; rank 0 describes the run."""
+        self.setup, self.sharing = setup, sharing
+        self.task, model, _, self.trainer = fa.build_trainer(setup.fcfg)
+        extra, self.epoch_itr = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from)
+        self.state = RunState.from_checkpoint(extra)
+        self.rank0 = Rank0(setup) if setup.master else OtherRank(setup)
+        cache = Path(setup.data.bin_dir) / f"unigram_entropy.{setup.data.tgt}.json"
+        self.rule = PlateauRule.of_targets(self.task.dataset("train").tgt, cache,
+                                           setup.plateau_epoch, setup.plateau_margin)
+        self.rank0.start(self.task, model, self.trainer, self.epoch_itr, self.state,
+                         self.rule.entropy_bits)
+        # perf_counter at the run's start, the time of the processes before this one included
+        self.t0 = time.perf_counter() - self.state.wall_s
 
-def _one_epoch(run: Training, epoch: int) -> bool:
-    """The epoch's updates (up to max_update); False if the run stops without validating it."""
-    setup, trainer, state = run.setup, run.trainer, run.state
-    itr = run.epoch_itr.next_epoch_itr(fix_batches_to_gpus=False,
-                                       shuffle=epoch > setup.fcfg.dataset.curriculum)
-    itr = fa.grouped(itr, setup.fcfg)
-    run.rank0.begin_epoch(len(itr))
-    trainer.begin_epoch(epoch)
-    for samples in itr:
-        lr = trainer.get_lr()
-        run.sharing.refresh()
-        step = fa.train_step(trainer, samples)
-        n = trainer.get_num_updates()
-        if step is not None and step.get("overflow"):  # fp16: scale lowered, no update
-            state.overflows += 1
-            continue
-        if step is None or non_finite(step["loss"]):
-            state.diverged = {"reason": "non-finite loss or gradient", "update": n + 1,
-                              "epoch": epoch}
-            break
-        row = {"update": n, "epoch": epoch, "lr": lr, **step, "overflows": state.overflows}
-        run.rank0.after_update(row, itr.n, time.perf_counter() - run.t0, len(state.history))
-        state.add_update(step)
-        if setup.max_update and n >= setup.max_update:
-            break
-        if setup.save_every and n % setup.save_every == 0 and not run.epoch_itr.end_of_epoch():
-            _save(run, end_of_epoch=False)
-    # False after a divergence: a non-finite loss now, or a plateau recorded at an earlier epoch
-    # (divergence.stop=false), which ends the run here, before this epoch is validated
-    return state.diverged is None
+    def train(self) -> dict[str, Any]:
+        """Epoch after epoch until max_epoch, max_update or a divergence; the final status."""
+        try:
+            while self.epoch_itr.next_epoch_idx <= self.setup.max_epoch:
+                epoch = self.epoch_itr.next_epoch_idx
+                if not self._one_epoch(epoch) or self._end_of_epoch(epoch):
+                    break
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: say so; the last checkpoint resumes it
+            self.rank0.interrupted(self.state, self.trainer.get_num_updates())
+            raise
+        finally:
+            self.rank0.close()
+        return self._finish()
 
+    def _one_epoch(self, epoch: int) -> bool:
+        """The epoch's updates (up to max_update); False if the run stops without validating it."""
+        setup, trainer, state = self.setup, self.trainer, self.state
+        itr = self.epoch_itr.next_epoch_itr(fix_batches_to_gpus=False,
+                                            shuffle=epoch > setup.fcfg.dataset.curriculum)
+        itr = fa.grouped(itr, setup.fcfg)
+        self.rank0.begin_epoch(len(itr))
+        trainer.begin_epoch(epoch)
+        for samples in itr:
+            lr = trainer.get_lr()
+            self.sharing.refresh()
+            step = fa.train_step(trainer, samples)
+            n = trainer.get_num_updates()
+            if step is not None and step.get("overflow"):  # fp16: scale lowered, no update
+                state.overflows += 1
+                continue
+            if step is None or non_finite(step["loss"]):
+                state.diverged = {"reason": "non-finite loss or gradient", "update": n + 1,
+                                  "epoch": epoch}
+                break
+            row = {"update": n, "epoch": epoch, "lr": lr, **step, "overflows": state.overflows}
+            self.rank0.after_update(row, itr.n, time.perf_counter() - self.t0, len(state.history))
+            state.add_update(step)
+            if setup.max_update and n >= setup.max_update:
+                break
+            if setup.save_every and n % setup.save_every == 0 and not self.epoch_itr.end_of_epoch():
+                self._save(end_of_epoch=False)
+        # False after a divergence: a non-finite loss now, or a plateau recorded at an earlier
+        # epoch (divergence.stop=false), which ends the run here, before this epoch is validated
+        return state.diverged is None
 
-def _end_of_epoch(run: Training, epoch: int) -> bool:
-    """Validation (on rank 0, its record broadcast), the lr step, the plateau rule, the epoch's
-    checkpoint; True if the run stops here."""
-    setup, trainer, state = run.setup, run.trainer, run.state
-    run.rank0.validating(epoch, len(state.history), trainer.get_num_updates())
-    record, state.signature = fa.broadcast_from_master(
-        run.rank0.validate(run.task, trainer, epoch, state, run.t0))
-    state.record(record)
-    if run.epoch_itr.end_of_epoch():  # else max_update stopped it: an extension goes on with it
-        state.acc = zero_sums()
-    trainer.lr_step(epoch, record["valid_loss"])
-    if state.diverged is None and run.rule.stuck(epoch, record["valid_nll_loss"]):
-        state.diverged = {"reason": f"plateau: valid nll {record['valid_nll_loss']:.2f} bits >= "
-                          f"unigram entropy {run.rule.entropy_bits:.2f} - {run.rule.margin_bits}",
-                          "update": record["updates"], "epoch": epoch}
-    stopped = bool(setup.max_update) and trainer.get_num_updates() >= setup.max_update
-    run.rank0.epoch_done(record, stopped)
-    _save(run, end_of_epoch=True)
-    run.rank0.keep_checkpoints(epoch, state.history)
-    if state.diverged and (setup.stop_on_plateau or not math.isfinite(record["valid_loss"])):
-        return True
-    return stopped
+    def _end_of_epoch(self, epoch: int) -> bool:
+        """Validation (on rank 0, its record broadcast), the lr step, the plateau rule, the
+        epoch's checkpoint; True if the run stops here."""
+        setup, trainer, state, rule = self.setup, self.trainer, self.state, self.rule
+        self.rank0.validating(epoch, len(state.history), trainer.get_num_updates())
+        record, state.signature = fa.broadcast_from_master(
+            self.rank0.validate(self.task, trainer, epoch, state, self.t0))
+        state.record(record)
+        if self.epoch_itr.end_of_epoch():  # else max_update stopped it: an extension goes on
+            state.acc = zero_sums()
+        trainer.lr_step(epoch, record["valid_loss"])
+        if state.diverged is None and rule.stuck(epoch, record["valid_nll_loss"]):
+            state.diverged = {"reason": f"plateau: valid nll {record['valid_nll_loss']:.2f} bits "
+                              f">= unigram entropy {rule.entropy_bits:.2f} - {rule.margin_bits}",
+                              "update": record["updates"], "epoch": epoch}
+        stopped = bool(setup.max_update) and trainer.get_num_updates() >= setup.max_update
+        self.rank0.epoch_done(record, stopped)
+        self._save(end_of_epoch=True)
+        self.rank0.keep_checkpoints(epoch, state.history)
+        if state.diverged and (setup.stop_on_plateau or not math.isfinite(record["valid_loss"])):
+            return True
+        return stopped
 
+    def _save(self, end_of_epoch: bool) -> None:
+        """A checkpoint with lnexp's state, after rank 0's logs (they hold its updates)."""
+        state, n = self.state, self.trainer.get_num_updates()
+        state.wall_s = time.perf_counter() - self.t0
+        state.saved_update = n
+        self.rank0.before_checkpoint(state.history, end_of_epoch)
+        _save_checkpoint(self.trainer, self.epoch_itr, state, self.setup.paths)
+        self.rank0.checkpoint_saved(len(state.history), n)
 
-def _save(run: Training, end_of_epoch: bool) -> None:
-    """A checkpoint with lnexp's state, after rank 0's logs (they hold its updates)."""
-    state, n = run.state, run.trainer.get_num_updates()
-    state.wall_s = time.perf_counter() - run.t0
-    state.saved_update = n
-    run.rank0.before_checkpoint(state.history, end_of_epoch)
-    _save_checkpoint(run.trainer, run.epoch_itr, state, run.setup.paths)
-    run.rank0.checkpoint_saved(len(state.history), n)
-
-
-def _finish(run: Training) -> dict[str, Any]:
-    """The run's final status (rank 0 writes it, and sacreBLEU's signature into run.json)."""
-    setup, state, n = run.setup, run.state, run.trainer.get_num_updates()
-    div = state.diverged
-    if div and div["reason"].startswith("non-finite"):
-        _save(run, end_of_epoch=True)
-    status = {"status": "diverged" if div else "done", "epoch": len(state.history),
-              "updates": n, "diverged": div,
-              "stopped": bool(div) and len(state.history) < setup.max_epoch,
-              "max_update_reached": bool(setup.max_update) and n >= setup.max_update,
-              "wall_s": round(time.perf_counter() - run.t0, 1)}
-    run.rank0.finish(status, state.signature)
-    return status
+    def _finish(self) -> dict[str, Any]:
+        """The run's final status (rank 0 writes it, and sacreBLEU's signature into run.json)."""
+        setup, state, n = self.setup, self.state, self.trainer.get_num_updates()
+        div = state.diverged
+        if div and div["reason"].startswith("non-finite"):
+            self._save(end_of_epoch=True)
+        status = {"status": "diverged" if div else "done", "epoch": len(state.history),
+                  "updates": n, "diverged": div,
+                  "stopped": bool(div) and len(state.history) < setup.max_epoch,
+                  "max_update_reached": bool(setup.max_update) and n >= setup.max_update,
+                  "wall_s": round(time.perf_counter() - self.t0, 1)}
+        self.rank0.finish(status, state.signature)
+        return status
 
 
 def _save_checkpoint(trainer, epoch_itr, state: RunState, paths: dict[str, Path]) -> None:
@@ -204,23 +192,3 @@ def _save_checkpoint(trainer, epoch_itr, state: RunState, paths: dict[str, Path]
     if ckpt is not None:
         rundir.write_keeping_previous(paths["last"], paths["previous"],
                                       lambda tmp: fa.save_checkpoint_file(ckpt, tmp))
-
-
-def _resume_from(paths: dict[str, Path]) -> Path | None:
-    """checkpoint_last.pt, or checkpoint_previous.pt if the last one is damaged (it is then
-    replaced by the previous one); None for a fresh start."""
-    from lnexp.errors import UserError
-
-    last, previous = paths["last"], paths["previous"]
-    if not last.is_file():
-        return None
-    damage = rundir.checkpoint_damage(last)
-    if damage is None:
-        return last
-    if previous.is_file() and rundir.checkpoint_damage(previous) is None:
-        log.warning("%s is damaged (%s): resuming from %s, the checkpoint before it", last, damage,
-                    previous.name)
-        rundir.link_or_copy(previous, last)
-        return last
-    raise UserError(f"{last} is damaged ({damage}) and there is no good {previous.name}: delete "
-                    f"{last.parent} to train the run from the start")

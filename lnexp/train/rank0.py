@@ -37,12 +37,16 @@ UNITS = {"loss": "bits/token (label-smoothed cross-entropy, base 2, as fairseq l
 class Rank0:
     """Rank 0's share of one training (see the module's docstring)."""
 
-    def __init__(self, setup: RunSetup, task, model, trainer, epoch_itr, state: RunState,
-                 entropy: float) -> None:
+    def __init__(self, setup: RunSetup) -> None:
+        self.setup, self.paths = setup, setup.paths
+        self.bar: progress.UpdateProgress | None = None
+
+    def start(self, task, model, trainer, epoch_itr, state: RunState, entropy: float) -> None:
+        """Say how the run starts; write run.json and the references; start the logs."""
         import torch
 
-        self.setup, self.paths = setup, setup.paths
         n = trainer.get_num_updates()
+        setup = self.setup
         _log_start(setup, n, epoch_itr, state.history, read_json(self.paths["status"], {}))
         self.runlog = RunLog(self.paths, n, tensorboard=True)
         self.scorer = BleuScorer(task, setup.data, **setup.eval)
@@ -64,7 +68,6 @@ class Rank0:
 
             self.tracker = NormTracker(trainer.model, self.paths["norms"], setup.track_every, n,
                                        tb=self.runlog.tb, grad_of=fa.stepped_grads(trainer))
-        self.bar: progress.UpdateProgress | None = None
         self.beat = _Heartbeat(self.paths["status"])
         self.beat({"status": "running", "epoch": len(state.history), "updates": n})
 
@@ -159,7 +162,7 @@ class Rank0:
 class OtherRank(Rank0):
     """A rank other than 0 of a data-parallel run: rank 0's calls, doing nothing."""
 
-    def __init__(self) -> None:
+    def start(self, task, model, trainer, epoch_itr, state: RunState, entropy: float) -> None:
         pass
 
     def begin_epoch(self, updates_in_epoch: int) -> None:

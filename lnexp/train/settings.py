@@ -30,40 +30,40 @@ STOCK_ARCHS = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
 
 @dataclass(frozen=True)
 class FairseqSetup:
-    """A run's fairseq-train flags (run.json prints them) and the config fairseq's own parser makes
-    of them."""
+    """A run's prepared data, its fairseq-train flags (run.json prints them) and the config
+    fairseq's own parser makes of them."""
 
+    data: Any  # lnexp.data.corpus.PreparedData
     flags: dict[str, Any]
     config: Any  # fairseq's FairseqConfig (an omegaconf DictConfig)
 
 
-def fairseq_config(cfg: DictConfig, data, device: str = "cpu", updates_per_epoch: int | None = None,
+def fairseq_config(cfg: DictConfig, device: str = "cpu", updates_per_epoch: int | None = None,
                    **replace: Any) -> FairseqSetup:
-    """lnexp's config -> fairseq-train flags (``replace`` overrides some) -> fairseq's config.
+    """lnexp's config -> fairseq-train flags (``replace`` overrides some) -> fairseq's config, on
+    the data of ``cfg.dataset`` (prepared on first use).
 
-    ``updates_per_epoch``: the linear schedule's epoch length; left out, it is counted (with
-    fairseq's own batching) when the schedule needs it."""
-    if updates_per_epoch is None:
-        updates_per_epoch = 1
-        if cfg.schedule.name == "linear":
-            one = fairseq_config(cfg, data, device, 1, **replace)
-            updates_per_epoch = fa.updates_per_epoch(one.config)
-    flags = {**fairseq_flags(cfg, updates_per_epoch, device), **replace}
-    return FairseqSetup(flags, fa.fairseq_config(data.bin_dir, flags))
+    ``updates_per_epoch``: the linear schedule's epoch length; left out, it is counted with
+    fairseq's own batching when the schedule needs it."""
+    from lnexp.data.registry import load_for_training
+
+    flags = {**fairseq_flags(cfg, updates_per_epoch or 1, device), **replace}
+    data = load_for_training(cfg.dataset)
+    if updates_per_epoch is None and cfg.schedule.name == "linear":
+        per_epoch = fa.updates_per_epoch(fa.fairseq_config(data.bin_dir, flags))
+        flags["total_updates"] *= per_epoch  # max_epoch epochs of per_epoch updates
+    return FairseqSetup(data, flags, fa.fairseq_config(data.bin_dir, flags))
 
 
 @dataclass(frozen=True)
 class RunSetup:
-    """What one process's training reads of lnexp's config, checked and resolved once at set-up."""
+    """What one process's training reads of lnexp's config, checked and resolved once at set-up:
+    the training's steps take this, never the config."""
 
     run_dir: Path
     paths: dict[str, Path]
     config: dict[str, Any]  # lnexp's config, resolved (run.json)
-    data: Any  # lnexp.data.corpus.PreparedData
     device: str
-    fairseq: FairseqSetup
-    master: bool  # rank 0 (the only process of a run that is not data-parallel)
-    stock_command: str | None  # the same run as a stock fairseq-train command, where there is one
     schedule: str  # schedule_in_force
     linear: bool  # schedule=linear: the run's length is part of its name
     max_epoch: int
@@ -76,38 +76,33 @@ class RunSetup:
     plateau_margin: float
     stop_on_plateau: bool
     track_every: int  # 0: no norm tracking
+    fairseq: FairseqSetup
+    stock_command: str | None  # the same run as a stock fairseq-train command, where there is one
+    master: bool  # rank 0 (the only process of a run that is not data-parallel)
     world_size: int
     tokens_per_update_max: int
+    resume_from: Path | None  # the checkpoint the run resumes from (None: a fresh start)
+
+    @property
+    def data(self) -> Any:
+        return self.fairseq.data
 
     @property
     def fcfg(self) -> Any:
         return self.fairseq.config
 
 
-# fairseq-train flags of lnexp's run folder, not of the run itself (not in the stock command)
-RUN_FOLDER_FLAGS = ("save_dir", "no_progress_bar", "disable_validation", "no_epoch_checkpoints")
-
-
 def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None) -> RunSetup:
-    """Everything a training needs from ``cfg``: checked values, the prepared data, fairseq's config
-    (``dist``: the rank's distributed settings, see lnexp.train.distributed)."""
-    from lnexp.data.registry import load_for_training
+    """Everything a training needs from ``cfg``: first the checked values, then the prepared data
+    and fairseq's config (``dist``: the rank's distributed settings, see lnexp.train.distributed),
+    last the checkpoint it resumes from."""
+    from lnexp import rundir
 
     device = resolve_device(cfg)
-    track_every = int(cfg.track_every) if cfg.track_norms else 0
-    data = load_for_training(cfg.dataset)
-    fs = fairseq_config(cfg, data, device, save_dir=paths["checkpoints"], no_progress_bar=True,
-                        disable_validation=True, no_epoch_checkpoints=True)
-    stock = stock_flags({k: v for k, v in fs.flags.items() if k not in RUN_FOLDER_FLAGS})
-    if dist is not None:
-        fa.adopt_distributed(fs.config, dist)
-    world = int(fs.config.distributed_training.distributed_world_size)
-    return RunSetup(
-        run_dir=run_dir, paths=paths, config=OmegaConf.to_container(cfg, resolve=True), data=data,
-        device=device, fairseq=fs, master=fa.is_master(fs.config),
-        stock_command=None if stock is None else shlex.join(
-            ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
-        schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
+    stock = stock_flags(fairseq_flags(cfg, 1, device))  # (None for schedule=linear)
+    values = dict(
+        run_dir=run_dir, paths=paths, config=OmegaConf.to_container(cfg, resolve=True),
+        device=device, schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
         max_epoch=int(cfg.max_epoch), max_update=int(cfg.max_update),
         save_every=int(cfg.save_interval_updates), log_interval=int(cfg.log_interval),
         keep_last_epochs=int(cfg.checkpoint.keep_last_epochs),
@@ -115,8 +110,20 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
               "max_sentences": int(cfg.eval.max_sentences), "subset": int(cfg.eval.subset)},
         plateau_epoch=int(cfg.divergence.plateau_epoch),
         plateau_margin=float(cfg.divergence.plateau_margin),
-        stop_on_plateau=bool(cfg.divergence.stop), track_every=track_every, world_size=world,
-        tokens_per_update_max=world * int(cfg.scale.update_freq) * int(cfg.scale.max_tokens))
+        stop_on_plateau=bool(cfg.divergence.stop),
+        track_every=int(cfg.track_every) if cfg.track_norms else 0)
+    tokens_per_rank = int(cfg.scale.update_freq) * int(cfg.scale.max_tokens)
+    fs = fairseq_config(cfg, device, save_dir=paths["checkpoints"], no_progress_bar=True,
+                        disable_validation=True, no_epoch_checkpoints=True)
+    if dist is not None:
+        fa.adopt_distributed(fs.config, dist)
+    world = int(fs.config.distributed_training.distributed_world_size)
+    return RunSetup(
+        **values, fairseq=fs, stock_command=None if stock is None else shlex.join(
+            ["fairseq-train", *fa.flags_to_argv(fs.data.bin_dir, stock)]),
+        master=fa.is_master(fs.config), world_size=world,
+        tokens_per_update_max=world * tokens_per_rank,
+        resume_from=rundir.resume_checkpoint(paths))
 
 
 def schedule_in_force(cfg: DictConfig) -> str:
