@@ -4,8 +4,8 @@ plus per-epoch validation loss and BLEU, per-update logs, divergence and resumab
 It reads top to bottom: ``train_process`` reads lnexp's config once into a typed ``RunSetup``
 (settings first, then the data, fairseq's config and the checkpoint to resume from); ``Training``
 sets up fairseq's objects from it, trains epoch by epoch (``_one_epoch``, ``_end_of_epoch``) and
-finishes. What only rank 0 does is in lnexp.train.rank0;
-what a checkpoint carries of lnexp's progress is ``RunState`` (lnexp.train.state).
+finishes. What only rank 0 does is in lnexp.train.rank0; what a checkpoint carries of lnexp's
+progress is ``RunState`` (lnexp.train.state).
 """
 
 from __future__ import annotations
