@@ -63,6 +63,13 @@ def training_args(data: str | Path, flags: dict[str, Any]) -> argparse.Namespace
     return args
 
 
+def fairseq_config(data: str | Path, flags: dict[str, Any]):
+    """fairseq's config of fairseq-train settings, as fairseq-train makes it (its parser, then its
+    namespace -> config conversion). lnexp's config reaches it through
+    ``lnexp.train.settings.fairseq_config``."""
+    return to_fairseq_config(training_args(data, flags))
+
+
 def to_fairseq_config(args: argparse.Namespace):
     """fairseq's namespace -> DictConfig conversion (it composes fairseq's own Hydra schemas)."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -247,19 +254,19 @@ def stepped_grads(trainer):
     return lambda p: where[id(p)].grad if id(p) in where else None
 
 
-def updates_per_epoch(data: str | Path, flags: dict[str, Any]) -> int:
-    """Number of updates in one epoch of these settings (the linear schedule needs the total)."""
+def updates_per_epoch(cfg) -> int:
+    """Number of updates in one epoch of a fairseq config, per rank (the linear schedule needs the
+    run's total)."""
     from fairseq import tasks
 
-    args = training_args(data, flags)
-    cfg = to_fairseq_config(args)
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
     itr = task.get_batch_iterator(
         dataset=task.dataset("train"), max_tokens=cfg.dataset.max_tokens,
         max_sentences=cfg.dataset.batch_size, max_positions=(1024, 1024),
         ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=cfg.common.seed)
-    per_rank = math.ceil(len(itr) / max(int(flags.get("distributed_world_size", 1)), 1))
+    world = int(cfg.distributed_training.distributed_world_size)
+    per_rank = math.ceil(len(itr) / max(world, 1))
     return math.ceil(per_rank / cfg.optimization.update_freq[0])
 
 

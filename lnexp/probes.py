@@ -127,17 +127,13 @@ def compose_config(overrides: list[str]):
     return config.compose(overrides)
 
 
-def fairseq_config(cfg, data, arch: str | None = None, **flags):
-    """fairseq's config of a training config, with the architecture and fairseq flags replaced
-    (e.g. ``encoder_embed_dim=32``)."""
-    from lnexp import fairseq_adapter as fa
+def fairseq_config(cfg, arch: str | None = None, **flags):
+    """fairseq's config of a training config (on its dataset), with the architecture and fairseq
+    flags replaced (e.g. ``encoder_embed_dim=32``)."""
     from lnexp.train import settings
 
-    f = settings.fairseq_flags(cfg, 1, "cpu")
-    if arch:
-        f["arch"] = arch
-    f.update(flags)
-    return fa.to_fairseq_config(fa.training_args(data.bin_dir, f))
+    replace = {"arch": arch, **flags} if arch else flags
+    return settings.fairseq_config(cfg, "cpu", 1, **replace).config
 
 
 def with_model(fcfg, **model):

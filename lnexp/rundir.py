@@ -332,3 +332,22 @@ def checkpoint_damage(path: Path) -> str | None:
     except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
         return f"not a complete checkpoint: {e}"
     return f"its part {bad} fails its CRC check" if bad else None
+
+
+def resume_checkpoint(paths: dict[str, Path]) -> Path | None:
+    """checkpoint_last.pt, or checkpoint_previous.pt if the last one is damaged (it is then
+    replaced by the previous one); None for a fresh start."""
+    last, previous = paths["last"], paths["previous"]
+    if not last.is_file():
+        return None
+    damage = checkpoint_damage(last)
+    if damage is None:
+        return last
+    if previous.is_file() and checkpoint_damage(previous) is None:
+        logging.getLogger("lnexp.train").warning(
+            "%s is damaged (%s): resuming from %s, the checkpoint before it", last, damage,
+            previous.name)
+        link_or_copy(previous, last)
+        return last
+    raise UserError(f"{last} is damaged ({damage}) and there is no good {previous.name}: delete "
+                    f"{last.parent} to train the run from the start")

@@ -92,8 +92,8 @@ def flop_counter():
 class LnexpTrainer:
     """lnexp's training path in-process: config -> fairseq flags -> Trainer, batches, updates.
 
-    The same adapter calls as ``lnexp.train.loop.train_run`` (settings.fairseq_flags,
-    fa.training_args, fa.to_fairseq_config, fa.build_trainer, fa.epoch_iterator, fa.grouped,
+    The same adapter calls as ``lnexp.train.loop.train_run`` (settings.fairseq_config,
+    fa.build_trainer, fa.epoch_iterator, fa.grouped,
     fa.train_step), without its logging, so update time and evaluation time can be taken apart.
     """
 
@@ -115,8 +115,8 @@ class LnexpTrainer:
             torch.set_num_threads(int(cfg.threads))
         self.data = load_for_training(cfg.dataset)
         self.device = settings.resolve_device(cfg)
-        flags = settings.fairseq_flags(cfg, 1, self.device)
-        self.updates_per_epoch = fa.updates_per_epoch(self.data.bin_dir, flags)
+        self.updates_per_epoch = fa.updates_per_epoch(
+            settings.fairseq_config(cfg, self.device, 1).config)
         flags = settings.fairseq_flags(cfg, self.updates_per_epoch, self.device)
         if stock:
             flags = settings.stock_flags(flags)
@@ -125,7 +125,7 @@ class LnexpTrainer:
         flags.update(save_dir="/nonexistent/lnexp-bench", no_progress_bar=True,
                      disable_validation=True, no_epoch_checkpoints=True)
         self.flags = flags
-        self.fcfg = fa.to_fairseq_config(fa.training_args(self.data.bin_dir, flags))
+        self.fcfg = fa.fairseq_config(self.data.bin_dir, flags)
         if dist is not None:
             fa.adopt_distributed(self.fcfg, dist)
         self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
@@ -220,13 +220,11 @@ def data_parallel(overrides: list[str], warmup: int, updates: int, out: Path) ->
     import json
 
     from lnexp import fairseq_adapter as fa
-    from lnexp.data.registry import load_for_training
     from lnexp.train import settings
 
     cfg = compose(overrides)
     device = settings.resolve_device(cfg)
-    flags = settings.fairseq_flags(cfg, 1, device)
-    fcfg = fa.to_fairseq_config(fa.training_args(load_for_training(cfg.dataset).bin_dir, flags))
+    fcfg = settings.fairseq_config(cfg, device, 1).config
     if fa.infer_init_method(fcfg) is None:
         raise ValueError("data_parallel needs distributed.world_size > 1")
     out.unlink(missing_ok=True)

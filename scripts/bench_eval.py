@@ -8,7 +8,7 @@
 
 One process: lnexp's training path (the adapter calls of lnexp.train.loop) trains ``--warmup``
 untimed then ``--updates`` timed updates; one epoch of training = seconds per update x updates
-per epoch (extrapolated, not a full epoch). Then the validation loss (lnexp.train.evaluate.
+per epoch (extrapolated, not a full epoch). Then the validation loss (lnexp.train.validation.
 validation_loss) and the BLEU pass (BleuScorer.score, exactly what the loop runs) are timed for
 each setting ``beam:max_sentences:subset`` (subset 0 = the whole validation set). The share is
 validation / (training + validation) of one epoch. Generation time depends on how long the
@@ -46,7 +46,7 @@ def main() -> None:
 
     import torch
 
-    from lnexp.train.evaluate import BleuScorer, validation_loss
+    from lnexp.train.validation import BleuScorer, validation_loss
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -328,7 +328,7 @@ def test_every_source_sentence_gets_its_hypothesis(tiny_model):
     from lnexp import fairseq_adapter as fa
     from lnexp.data.text import read_lines
     from lnexp.evaluation.inputs import encoder, text_level
-    from lnexp.train.evaluate import MissingHypotheses, generate
+    from lnexp.train.validation import MissingHypotheses, generate
 
     run, model, task = tiny_model
     encode = encoder(run.data)

@@ -22,18 +22,15 @@ def build(small_multi30k, tmp_path, monkeypatch, precision: str, **extra):
     device); the flat layout is read the same way by fairseq_adapter.stepped_grads.
     """
     from lnexp import fairseq_adapter as fa
-    from lnexp.data.registry import load_for_training
     from lnexp.probes import compose_config as compose
     from lnexp.train import settings
 
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
     cfg = compose([f"dataset.dir={small_multi30k}", *TINY])
-    data = load_for_training(cfg.dataset)
-    flags = settings.fairseq_flags(cfg, 1, "cpu")
-    flags.update(save_dir=str(tmp_path / "ckpt"), no_progress_bar=True, disable_validation=True,
-                 bf16=precision == "bf16", fp16=precision == "fp16",
-                 fp16_no_flatten_grads=precision == "fp16", **extra)
-    fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
+    fcfg = settings.fairseq_config(
+        cfg, "cpu", 1, save_dir=str(tmp_path / "ckpt"), no_progress_bar=True,
+        disable_validation=True, bf16=precision == "bf16", fp16=precision == "fp16",
+        fp16_no_flatten_grads=precision == "fp16", **extra).config
     task, model, _, trainer = fa.build_trainer(fcfg)
     _, epoch_itr = fa.epoch_iterator(fcfg, trainer, None)
     batches = list(fa.grouped(epoch_itr.next_epoch_itr(shuffle=False), fcfg))

@@ -145,9 +145,18 @@ def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi3
     """max_epoch does not name the run: a longer run continues the finished one in its folder."""
     import shutil
 
+    from lnexp import fairseq_adapter as fa
+
     runs = tmp_path / "runs"
     shutil.copytree(peri_radam_run, runs / peri_radam_run.name)
     before = (peri_radam_run / "metrics.jsonl").read_text().splitlines()
+    # the checkpoint as the first versions wrote it: lnexp's state a plain dict, without the keys
+    # added later (overflows, saved_update, signature); it resumes all the same
+    ckpt = runs / peri_radam_run.name / "checkpoints" / "checkpoint_last.pt"
+    state = fa.load_checkpoint_state(ckpt)
+    old = state["extra_state"]["lnexp"]
+    state["extra_state"]["lnexp"] = {k: old[k] for k in ("history", "wall_s", "acc", "diverged")}
+    fa.save_checkpoint_file(state, ckpt)
     proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
                      "max_epoch=3", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={runs}",
                      cache=peri_radam_run.parents[1] / "cache")
@@ -158,6 +167,23 @@ def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi3
     with open(runs / peri_radam_run.name / "updates.csv") as f:
         updates = [int(r["update"]) for r in csv.DictReader(f)]
     assert updates == list(range(1, len(updates) + 1)) and updates[-1] == json.loads(after[2])["updates"]
+    saved = fa.load_checkpoint_state(ckpt)["extra_state"]["lnexp"]
+    assert saved["saved_update"] == updates[-1] and saved["overflows"] == 0 and saved["signature"]
+
+
+def test_run_state_reads_the_checkpoint_dict_of_every_version():
+    """RunState <-> extra_state["lnexp"]: the dict before the type existed (some keys missing)
+    gives the defaults; what it writes is that dict with every key."""
+    from lnexp.train.state import RunState, zero_sums
+
+    old = {"history": [{"epoch": 1, "updates": 6}], "wall_s": 3.5, "acc": zero_sums(),
+           "diverged": None}
+    state = RunState.from_checkpoint({"lnexp": old})
+    assert state.history == old["history"] and state.overflows == 0
+    assert state.checkpoint_update() == 6  # no saved_update: the last epoch's
+    assert state.to_checkpoint() == {**old, "overflows": 0, "saved_update": None, "signature": None}
+    assert RunState.from_checkpoint(None) == RunState()
+    assert RunState.from_checkpoint({"lnexp": state.to_checkpoint()}) == state
 
 
 def test_headline_recipe_and_progress_lines(tmp_path, small_multi30k):

@@ -78,7 +78,7 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     from lnexp.evaluation.inputs import prepare_test_set
     from lnexp.rundir import write_json
     from lnexp.rundir import write_text as write_atomic
-    from lnexp.train.evaluate import BleuScorer, generate
+    from lnexp.train.validation import BleuScorer, generate
 
     beam, lenpen, batch, device = decoding(run, args)
     ckpt = checkpoints.resolve(run.dir, args.checkpoint)

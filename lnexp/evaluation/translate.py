@@ -25,7 +25,7 @@ class Translator:
                  device: str) -> None:
         from lnexp.evaluation import checkpoints
         from lnexp.evaluation.inputs import encoder
-        from lnexp.train.evaluate import detokenizer
+        from lnexp.train.validation import detokenizer
 
         self.run, self.beam, self.lenpen, self.batch, self.device = run, beam, lenpen, batch, device
         self.model, self.task = checkpoints.load(checkpoints.resolve(run.dir, checkpoint),
@@ -36,7 +36,7 @@ class Translator:
     def __call__(self, lines: list[str]) -> list[str]:
         from lnexp import fairseq_adapter as fa
         from lnexp.evaluation.inputs import text_level
-        from lnexp.train.evaluate import generate
+        from lnexp.train.validation import generate
 
         keep = [i for i, x in enumerate(lines) if x.strip()]
         if not keep:

@@ -190,11 +190,9 @@ def _stream(stats: dict) -> dict:
 def real_init_rows(args, meta) -> list[dict[str, Any]]:
     from lnexp import fairseq_adapter as fa
     from lnexp import probes
-    from lnexp.data.registry import load_for_training
 
     cfg = probes.compose_config(["placement=post_ln", f"scale={args.scale}", *args.override])
-    data = load_for_training(cfg.dataset)
-    base = probes.fairseq_config(cfg, data, arch=cfg.dataset.paper_arch,
+    base = probes.fairseq_config(cfg, arch=cfg.dataset.paper_arch,
                                  **measured.model_dims(args.d_model))
     task = fa.setup_task(base, ("valid",))
     sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
@@ -252,7 +250,7 @@ def _finished_runs(root: Path, cfg) -> dict[tuple[str, float], list[tuple[int, P
     return found
 
 
-def short_training(cfg, data, updates: int) -> dict:
+def short_training(cfg, updates: int) -> dict:
     """``updates`` updates of fairseq's Trainer on the training set (no validation, nothing saved);
     returns the model's state dict."""
     import tempfile
@@ -261,9 +259,8 @@ def short_training(cfg, data, updates: int) -> dict:
     from lnexp.train import settings
 
     with tempfile.TemporaryDirectory() as tmp:
-        flags = settings.fairseq_flags(cfg, 1, "cpu")
-        flags.update(save_dir=tmp, no_progress_bar=True, disable_validation=True)
-        fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
+        fcfg = settings.fairseq_config(cfg, "cpu", 1, save_dir=tmp, no_progress_bar=True,
+                                       disable_validation=True).config
         _, model, _, trainer = fa.build_trainer(fcfg)
         _, epoch_itr = fa.epoch_iterator(fcfg, trainer, None)
         while trainer.get_num_updates() < updates:
@@ -280,12 +277,10 @@ def short_training(cfg, data, updates: int) -> dict:
 def kan_rows(args, meta) -> list[dict[str, Any]]:
     from lnexp import fairseq_adapter as fa
     from lnexp import probes
-    from lnexp.data.registry import load_for_training
     from lnexp.rundir import read_json, run_paths
 
     cfg = probes.compose_config(["placement=pre_ln", f"scale={args.scale}", *args.override])
-    data = load_for_training(cfg.dataset)
-    base = probes.fairseq_config(cfg, data, arch=cfg.scale.arch)
+    base = probes.fairseq_config(cfg, arch=cfg.scale.arch)
     task = fa.setup_task(base, ("valid",))
     sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
     runs: dict[tuple[str, float], Path] = {}
@@ -303,7 +298,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
             overrides = [f"placement={placement}", f"residual_scale={dt}", f"scale={args.scale}",
                          "warmup=0", "seed=1", f"scale.max_tokens={args.train_tokens}",
                          *args.override]
-            trained[(placement, dt)] = short_training(probes.compose_config(overrides), data,
+            trained[(placement, dt)] = short_training(probes.compose_config(overrides),
                                                       args.train_updates)
         source = (f"short runs here: {args.train_updates} updates of <= {args.train_tokens} tokens, "
                   f"Adam lr {cfg.lr:g} (no warm-up), dropout {cfg.scale.dropout:g}, seed 1")
@@ -336,13 +331,11 @@ def zoo_rows(args, meta) -> list[dict[str, Any]]:
     seed 1), in the model and on the batch of (d, e); none for the default placements."""
     from lnexp import fairseq_adapter as fa
     from lnexp import probes
-    from lnexp.data.registry import load_for_training
 
     if tuple(args.placements) == PAPER_PLACEMENTS:
         return []
     cfg = probes.compose_config(["placement=pre_ln", f"scale={args.scale}", *args.override])
-    data = load_for_training(cfg.dataset)
-    base = probes.fairseq_config(cfg, data, arch=cfg.scale.arch)
+    base = probes.fairseq_config(cfg, arch=cfg.scale.arch)
     task = fa.setup_task(base, ("valid",))
     sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
     rows = []

@@ -35,17 +35,14 @@ Body = Callable[[DictConfig, Path, Any], dict[str, Any]]
 
 
 def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
-    from lnexp.data.registry import load_for_training
 
     # as fairseq-train: the checkpoint folder exists before the first update (fairseq writes
     # crash.pt there when it gives up)
     run_paths(run_dir)["checkpoints"].mkdir(parents=True, exist_ok=True)
     if _one_process(cfg):  # nothing to set up: the body prepares the data and builds fairseq's config
         return body(cfg, run_dir, None)
-    data = load_for_training(cfg.dataset)  # once, before the workers (they find it prepared)
-    device = settings.resolve_device(cfg)
-    flags = settings.fairseq_flags(cfg, 1, device)
-    fcfg = fa.to_fairseq_config(fa.training_args(data.bin_dir, flags))
+    # the data is prepared here, once, before the workers (they find it prepared)
+    fcfg = settings.fairseq_config(cfg, settings.resolve_device(cfg), updates_per_epoch=1).config
     mode = fa.infer_init_method(fcfg)
     if mode is None:
         return body(cfg, run_dir, None)

@@ -50,6 +50,12 @@ class PlateauRule:
     plateau_epoch: int = 2
     margin_bits: float = 0.5
 
+    @classmethod
+    def of_targets(cls, target_dataset, cache_file: Path | None, plateau_epoch: int,
+                   margin_bits: float) -> PlateauRule:
+        """The rule for a training set, its unigram entropy computed once (``cache_file``)."""
+        return cls(unigram_entropy_bits(target_dataset, cache_file), plateau_epoch, margin_bits)
+
     def stuck(self, epoch: int, valid_nll_bits: float) -> bool:
         if not math.isfinite(valid_nll_bits):
             return True

@@ -2,7 +2,7 @@
 
     UpdateProgress(...).update(...)            # every update: a line each log_interval updates
                                                # (fairseq's manner), a live bar on a terminal
-    progress.log_epoch(cfg, run_dir, record)   # after each epoch, record = the metrics.jsonl row
+    progress.log_epoch(max_epoch, run_dir, record)   # after each epoch, record = the metrics.jsonl row
 
 N comes from the sweep definition that Hydra saved in ``<sweep dir>/multirun.yaml`` (the sweeper's
 params plus the command-line overrides); time left assumes the remaining runs take as long per epoch
@@ -132,7 +132,8 @@ def message(run_name: str, epoch: int, max_epoch: int, wall_s: float, job: int |
     return line
 
 
-def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any], stopped: str | None = None) -> str:
+def log_epoch(max_epoch: int, run_dir: Path, record: dict[str, Any], stopped: str | None = None
+              ) -> str:
     """The per-epoch line; ``stopped`` names what ended the run early (e.g. ``max_update=20``)."""
     job = total = None
     parallel = 1
@@ -148,7 +149,7 @@ def log_epoch(cfg: Any, run_dir: Path, record: dict[str, Any], stopped: str | No
     except Exception:  # not under Hydra (tests, scripts)
         pass
     epoch = int(record["epoch"])
-    line = message(Path(run_dir).name, epoch, epoch if stopped else int(cfg.max_epoch),
+    line = message(Path(run_dir).name, epoch, epoch if stopped else int(max_epoch),
                    float(record.get("wall_s", 0.0)), job, total, parallel)
     if stopped:
         line = line.replace(f"epoch {epoch}/{epoch} ", f"epoch {epoch} (stopped at {stopped}) ")

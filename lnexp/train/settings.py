@@ -1,17 +1,24 @@
-"""Hydra config -> checked values -> the fairseq-train flags of the run.
+"""Hydra config -> checked values -> the fairseq-train flags and fairseq's config of the run.
 
 The mapping is explicit so that every run can print the equivalent stock ``fairseq-train`` command
-(``fairseq_cmd.txt`` in the run directory).
+(``stock_fairseq_train`` in run.json). ``fairseq_config`` is the one way from lnexp's config to
+fairseq's (training, data parallelism, probes and the linear schedule's run length all use it);
+``run_setup`` reads everything a training needs from lnexp's config once, so that the training loop's
+steps take a typed ``RunSetup`` and never the config itself.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from lnexp import fairseq_adapter as fa
 from lnexp.errors import ConfigError
 from lnexp.names import ARCH_SIZES, arch_flags
 from lnexp.scheme import Norm, Placement, placement_of
@@ -19,6 +26,115 @@ from lnexp.scheme import Norm, Placement, placement_of
 # lnexp's architectures that stock fairseq registers under another name (same sizes, same init)
 STOCK_ARCHS = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
                "ln_transformer_wmt_en_de": "transformer_wmt_en_de"}
+
+
+@dataclass(frozen=True)
+class FairseqSetup:
+    """A run's prepared data, its fairseq-train flags (run.json prints them) and the config
+    fairseq's own parser makes of them."""
+
+    data: Any  # lnexp.data.corpus.PreparedData
+    flags: dict[str, Any]
+    config: Any  # fairseq's FairseqConfig (an omegaconf DictConfig)
+
+
+def fairseq_config(cfg: DictConfig, device: str = "cpu", updates_per_epoch: int | None = None,
+                   **replace: Any) -> FairseqSetup:
+    """lnexp's config -> fairseq-train flags (``replace`` overrides some) -> fairseq's config, on
+    the data of ``cfg.dataset`` (prepared on first use).
+
+    ``updates_per_epoch``: the linear schedule's epoch length; left out, it is counted with
+    fairseq's own batching when the schedule needs it."""
+    from lnexp.data.registry import load_for_training
+
+    flags = {**fairseq_flags(cfg, updates_per_epoch or 1, device), **replace}
+    data = load_for_training(cfg.dataset)
+    if updates_per_epoch is None and cfg.schedule.name == "linear":
+        per_epoch = fa.updates_per_epoch(fa.fairseq_config(data.bin_dir, flags))
+        flags["total_updates"] *= per_epoch  # max_epoch epochs of per_epoch updates
+    return FairseqSetup(data, flags, fa.fairseq_config(data.bin_dir, flags))
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What one process's training reads of lnexp's config, checked and resolved once at set-up:
+    the training's steps take this, never the config."""
+
+    run_dir: Path
+    paths: dict[str, Path]
+    config: dict[str, Any]  # lnexp's config, resolved (run.json)
+    device: str
+    schedule: str  # schedule_in_force
+    linear: bool  # schedule=linear: the run's length is part of its name
+    max_epoch: int
+    max_update: int  # 0: no limit
+    save_every: int  # updates between mid-epoch checkpoints (0: none)
+    log_interval: int
+    keep_last_epochs: int
+    eval: dict[str, Any]  # BleuScorer's beam, lenpen, max_sentences, subset
+    plateau_epoch: int
+    plateau_margin: float
+    stop_on_plateau: bool
+    track_every: int  # 0: no norm tracking
+    fairseq: FairseqSetup
+    stock_command: str | None  # the same run as a stock fairseq-train command, where there is one
+    master: bool  # rank 0 (the only process of a run that is not data-parallel)
+    world_size: int
+    tokens_per_update_max: int
+    resume_from: Path | None  # the checkpoint the run resumes from (None: a fresh start)
+
+    @property
+    def data(self) -> Any:
+        return self.fairseq.data
+
+    @property
+    def fcfg(self) -> Any:
+        return self.fairseq.config
+
+
+def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None) -> RunSetup:
+    """Everything a training needs from ``cfg``: first the checked values, then the prepared data
+    and fairseq's config (``dist``: the rank's distributed settings, see lnexp.train.distributed),
+    last the checkpoint it resumes from."""
+    from lnexp import rundir
+
+    device = resolve_device(cfg)
+    stock = stock_flags(fairseq_flags(cfg, 1, device))  # (None for schedule=linear)
+    values = dict(
+        run_dir=run_dir, paths=paths, config=OmegaConf.to_container(cfg, resolve=True),
+        device=device, schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
+        max_epoch=int(cfg.max_epoch), max_update=int(cfg.max_update),
+        save_every=int(cfg.save_interval_updates), log_interval=int(cfg.log_interval),
+        keep_last_epochs=int(cfg.checkpoint.keep_last_epochs),
+        eval={"beam": int(cfg.eval.beam), "lenpen": float(cfg.eval.lenpen),
+              "max_sentences": int(cfg.eval.max_sentences), "subset": int(cfg.eval.subset)},
+        plateau_epoch=int(cfg.divergence.plateau_epoch),
+        plateau_margin=float(cfg.divergence.plateau_margin),
+        stop_on_plateau=bool(cfg.divergence.stop),
+        track_every=int(cfg.track_every) if cfg.track_norms else 0)
+    tokens_per_rank = int(cfg.scale.update_freq) * int(cfg.scale.max_tokens)
+    fs = fairseq_config(cfg, device, save_dir=paths["checkpoints"], no_progress_bar=True,
+                        disable_validation=True, no_epoch_checkpoints=True)
+    if dist is not None:
+        fa.adopt_distributed(fs.config, dist)
+    world = int(fs.config.distributed_training.distributed_world_size)
+    return RunSetup(
+        **values, fairseq=fs, stock_command=None if stock is None else shlex.join(
+            ["fairseq-train", *fa.flags_to_argv(fs.data.bin_dir, stock)]),
+        master=fa.is_master(fs.config), world_size=world,
+        tokens_per_update_max=world * tokens_per_rank,
+        resume_from=rundir.resume_checkpoint(paths))
+
+
+def schedule_in_force(cfg: DictConfig) -> str:
+    """The lr schedule of the run in words, and why it is the one in force."""
+    s = cfg.schedule
+    warm = f"linear warm-up over {cfg.warmup} updates" if cfg.warmup else "no warm-up"
+    epochs = ", ".join(str(e) for e in s.get("epochs", []))
+    shape = {"inverse_sqrt": "then inverse-sqrt decay", "constant": "then lr_max held",
+             "step": f"lr_max held, x{s.get('gamma')} from epoch {epochs}",
+             "linear": "then linear decay to 0 at the end of the run"}[s.name]
+    return f"{s.name}: lr_max {cfg.lr:g}, {warm}, {shape} ({s.get('why', 'chosen')})"
 
 
 
