@@ -105,7 +105,8 @@ class Training:
         return self._finish()
 
     def _one_epoch(self, epoch: int) -> bool:
-        """The epoch's updates (up to max_update); False if the run stops without validating it."""
+        """The epoch's updates (up to max_update); False if the loss went non-finite in it (the run
+        stops there, without validating it)."""
         setup, trainer, state = self.setup, self.trainer, self.state
         itr = self.epoch_itr.next_epoch_itr(fix_batches_to_gpus=False,
                                             shuffle=epoch > setup.fcfg.dataset.curriculum)
@@ -123,7 +124,7 @@ class Training:
             if step is None or non_finite(step["loss"]):
                 state.diverged = {"reason": "non-finite loss or gradient", "update": n + 1,
                                   "epoch": epoch}
-                break
+                return False
             row = {"update": n, "epoch": epoch, "lr": lr, **step, "overflows": state.overflows}
             self.rank0.after_update(row, itr.n, time.perf_counter() - self.t0, len(state.history))
             state.add_update(step)
@@ -131,9 +132,9 @@ class Training:
                 break
             if setup.save_every and n % setup.save_every == 0 and not self.epoch_itr.end_of_epoch():
                 self._save(end_of_epoch=False)
-        # False after a divergence: a non-finite loss now, or a plateau recorded at an earlier
-        # epoch (divergence.stop=false), which ends the run here, before this epoch is validated
-        return state.diverged is None
+        # a plateau recorded at an earlier epoch with divergence.stop=false trains on: this epoch
+        # is validated like any other
+        return True
 
     def _end_of_epoch(self, epoch: int) -> bool:
         """Validation (on rank 0, its record broadcast), the lr step, the plateau rule, the
