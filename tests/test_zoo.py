@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tests.conftest import tiny_args
 
 ZOO = ("sandwich_ln", "olmo2", "qk_norm", "ln_scaling", "mix_ln", "rezero", "b2t", "t_fixup",
-       "sub_ln", "normformer", "hybridnorm")
+       "sub_ln", "normformer", "hybridnorm", "admin", "resi_dual")
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
 
@@ -119,6 +119,10 @@ def reference(placement: str, layer, depth: int, x, mem=None):
             x = x + (f(n(name)(x)) if name == "final" else out(name)(f(n(name)(x))))
         elif placement == "hybridnorm":         # x + Attn(QKV-norm)(x); Norm(x + FFN(x))
             x = n(name)(x + f(x)) if name == "final" else x + f(x)
+        elif placement == "admin":              # LN(w * x + F(x)), w per dimension
+            x = n(name)(getattr(layer, f"{name}_gain").weight * x + f(x))
+        elif placement == "resi_dual":          # the Post-LN stream (the dual one: test below)
+            x = n(name)(x + f(x))
         else:
             raise AssertionError(placement)
     return x
@@ -134,7 +138,7 @@ def zoo_models(tiny_task):
     with torch.no_grad():
         for model in models.values():
             for name, p in model.named_parameters():
-                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha")):
+                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha", "_gain.weight")):
                     p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype) + 0.1)
     return models
 

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from lnexp import fairseq_adapter as fa
 from lnexp import rundir
 from lnexp.rundir import read_json, run_paths, write_json
-from lnexp.train import progress, runlock, settings
+from lnexp.train import init_profile, progress, runlock, settings
 from lnexp.train.divergence import PlateauRule, non_finite, unigram_entropy_bits
 from lnexp.train.epoch_checkpoints import keep_epoch
 from lnexp.train.evaluate import BleuScorer, validation_loss
@@ -91,9 +91,12 @@ def _train(cfg: DictConfig, run_dir: Path, dist, paths: dict[str, Path],
         fa.adopt_distributed(fcfg, dist)
     master = fa.is_master(fcfg)
     task, model, criterion, trainer = fa.build_trainer(fcfg)
-    extra, epoch_itr = fa.epoch_iterator(fcfg, trainer, _resume_from(paths))
+    restore = _resume_from(paths)
+    # a fresh run: the scheme's profiling pass (Admin's gains), before the optimizer copies weights
+    profiled = init_profile.profile_fresh_run(fcfg, task, trainer, master) if restore is None else None
+    extra, epoch_itr = fa.epoch_iterator(fcfg, trainer, restore)
     state = (extra or {}).get("lnexp") or {"history": [], "wall_s": 0.0, "acc": _zero_acc(),
-                                          "diverged": None}
+                                          "diverged": None, "profiled_init": profiled}
     state.setdefault("overflows", 0)  # fp16 updates skipped by fairseq's loss scaler
     history: list[dict[str, Any]] = state["history"]
     if master:
@@ -115,6 +118,7 @@ def _train(cfg: DictConfig, run_dir: Path, dist, paths: dict[str, Path],
             "config": OmegaConf.to_container(cfg, resolve=True), "data": data.__dict__,
             "device": device, "torch_threads": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()),
+            "profiled_init": state.get("profiled_init"),  # Admin's gains, as a fresh run set them
             "fairseq_flags": {k: str(v) for k, v in flags.items()},
             "stock_fairseq_train": None if stock is None else shlex.join(
                 ["fairseq-train", *fa.flags_to_argv(data.bin_dir, stock)]),
