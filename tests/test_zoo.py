@@ -306,7 +306,7 @@ def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
     ("norm.alpha0=0", "norm.alpha0=0 must be a positive number"),
     ("placement.qk_norm=yes", "placement.qk_norm='yes' is not true or false"),
     ("placement.residual_weight=alpha", "must be a number or one of deepnorm_alpha"),
-    ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t"),
+    ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t, resi_dual"),
     ("placement.first_layers={fraction:2}", "first_layers takes fraction (0..1)"),
     ("placement.sublayers={mlp:{sum_norm:true}}", "sublayers takes attention and ffn"),
 ])
@@ -475,3 +475,39 @@ def test_a_formula_key_takes_a_number_or_a_formula_whichever_the_yaml_has():
     assert compose(["placement=pre_ln", "placement.residual_weight=deepnorm_alpha"]).placement \
         .residual_weight == "deepnorm_alpha"
     assert compose(["placement=deepnorm", "placement.residual_weight=1.0"]).placement.residual_weight == 1.0
+
+
+@pytest.mark.parametrize("placement", __import__("lnexp.names", fromlist=["PLACEMENTS"]).PLACEMENTS)
+def test_every_scheme_takes_an_update_at_the_papers_size(tiny_task, tiny_batch, placement):
+    """The paper's IWSLT architecture (6+6 layers, d=512, FFN 1024, 4 heads; lnexp.names
+    ARCH_SIZES), each scheme as lnexp train builds it (Admin profiled first): a finite loss,
+    gradients at the embeddings, and one SGD update that lowers the loss on its batch."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from lnexp.model.admin import PROFILERS
+    from lnexp.names import arch_flags
+    from lnexp.scheme import placement_of
+    from lnexp.train.settings import SimpleNamespace
+
+    spec = placement_of(SimpleNamespace(placement=placement))
+    torch.manual_seed(0)
+    args = tiny_args("ln_transformer_iwslt_de_en", placement=placement,
+                     placement_spec=spec.to_json(), **arch_flags("ln_transformer_iwslt_de_en"))
+    model = ARCH_MODEL_REGISTRY["ln_transformer"].build_model(args, tiny_task)
+    assert model.encoder.layers[0].fc1.weight.shape == (1024, 512) and len(model.decoder.layers) == 6
+    src, lengths, prev, target = tiny_batch
+    if spec.init.profile:
+        PROFILERS[spec.init.profile](model, {"src_tokens": src, "src_lengths": lengths,
+                                             "prev_output_tokens": prev}, seed=0)
+
+    def loss():
+        return F.cross_entropy(model(src, lengths, prev)[0].transpose(1, 2), target)
+
+    before = loss()
+    before.backward()
+    assert torch.isfinite(before) and model.encoder.embed_tokens.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= 0.01 * p.grad  # (ReZero's and T-Fixup's first steps are small: a plain SGD step)
+        assert loss() < before
