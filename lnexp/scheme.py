@@ -163,7 +163,8 @@ class Placement:
 
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
-        flags = ("branch_gate", "residual_gain", "qk_norm", "v_norm", "head_scale", "final_norm", "embed_norm", *SWITCHES)
+        flags = ("branch_gate", "residual_gain", "qk_norm", "v_norm", "head_scale", "final_norm",
+                 "embed_norm", *SWITCHES)
         for key in flags:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "

@@ -78,3 +78,15 @@ def set_gains(model: nn.Module, omega: dict[str, list[float]]) -> None:
 
 
 PROFILERS = {"admin": profile_admin}  # lnexp.scheme.PROFILES, by name
+
+
+def profile_init(model: nn.Module, net_input: dict[str, Any], seed: int) -> dict[str, Any] | None:
+    """The profiling pass the model's placement asks for (its YAML's init.profile), if any: the
+    init of a fresh run (lnexp.train.init_profile) and of the figures' models at initialisation.
+    Returns {"profile": name, "omega": values}, or None."""
+    from lnexp.scheme import placement_of
+
+    name = placement_of(model.cfg).init.profile
+    if name is None:
+        return None
+    return {"profile": name, "omega": PROFILERS[name](model, net_input, seed)}

@@ -78,7 +78,8 @@ class ResidualSpec:
             alpha=evaluate(placement.residual_weight, *at), beta=evaluate(init.gain, *at),
             **placement.switches(layer, n_stack, sublayer),
             input_norm_scale=evaluate(placement.input_norm_scale, *at),
-            gate=placement.branch_gate, residual_gain=placement.residual_gain, qk_norm=placement.qk_norm, v_norm=placement.v_norm,
+            gate=placement.branch_gate, residual_gain=placement.residual_gain,
+            qk_norm=placement.qk_norm, v_norm=placement.v_norm,
             head_scale=placement.head_scale, structure=placement.structure,
             init_draw=init.draw, init_scaled=tuple(init.scaled), init_unit=tuple(init.unit),
         )

@@ -11,7 +11,6 @@ norm group's), Kan et al.'s residual step (``--residual-scale``), and the names 
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -27,6 +26,7 @@ from fairseq.models.transformer.transformer_config import (
     DEFAULT_MAX_SOURCE_POSITIONS,
     DEFAULT_MAX_TARGET_POSITIONS,
 )
+from torch import nn
 
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
 from lnexp.model.norms import is_fairseq_layernorm, make_norm

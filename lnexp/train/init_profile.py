@@ -13,17 +13,16 @@ def profile_fresh_run(fcfg, task, trainer, master: bool) -> dict[str, Any] | Non
     """Profile the model on the first training batch and set what the pass sets; returns the
     record for run.json ({"profile": name, "omega": {stack: [values]}}), None for a scheme without
     a pass. Rank 0 profiles and broadcasts the values, so that every rank starts alike."""
-    from lnexp.model.admin import PROFILERS, set_gains
+    from lnexp.model.admin import profile_init, set_gains
 
-    name = placement_of(fcfg.model).init.profile
-    if name is None:
+    if placement_of(fcfg.model).init.profile is None:
         return None
     model = trainer.get_model()
-    omega = None
+    record = None
     if master:
         sample = fa.first_train_batch(fcfg, task, model)
         sample = fa.move_to(sample, "cuda" if trainer.device.type == "cuda" else "cpu")
-        omega = PROFILERS[name](model, sample["net_input"], int(fcfg.common.seed))
-    omega = fa.broadcast_from_master(omega)
-    set_gains(model, omega)
-    return {"profile": name, "omega": omega}
+        record = profile_init(model, sample["net_input"], int(fcfg.common.seed))
+    record = fa.broadcast_from_master(record)
+    set_gains(model, record["omega"])
+    return record
