@@ -108,8 +108,9 @@ def resi_dual_layer(steps: list[Step], x: Any, stream: dict) -> Any:
 
 
 def resi_dual_join(x: Any, final_norm: Callable[[Any], Any], stream: dict) -> Any:
-    """ResiDual's stack output: the Post-LN stream plus the normalised dual stream, x + LN(d)."""
-    return x + final_norm(stream["dual"])
+    """ResiDual's stack output: the Post-LN stream plus the normalised dual stream, x + LN(d)
+    (taken out of the stream: nothing outlives the forward)."""
+    return x + final_norm(stream.pop("dual"))
 
 
 STRUCTURES: dict[str, Structure] = {
