@@ -161,6 +161,25 @@ def epoch_iterator(cfg, trainer, restore_file: Path | None):
     return extra_state, epoch_itr
 
 
+def first_train_batch(cfg, task, model):
+    """The first batch of epoch 1 as fairseq-train's iterator forms it, from an iterator of its own
+    (the training's is left untouched)."""
+    from fairseq import utils
+
+    split = cfg.dataset.train_subset
+    task.load_dataset(split, combine=True, epoch=1)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(split), max_tokens=cfg.dataset.max_tokens,
+        max_sentences=cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(),
+                                                  cfg.dataset.max_tokens),
+        ignore_invalid_inputs=True,
+        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple,
+        seed=cfg.common.seed, num_shards=1, shard_id=0, num_workers=0, epoch=1,
+        disable_iterator_cache=True)
+    return next(iter(itr.next_epoch_itr(shuffle=True)))
+
+
 def grouped(itr, cfg):
     """Group batches into updates (gradient accumulation), as fairseq-train does."""
     from fairseq.data import iterators

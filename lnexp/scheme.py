@@ -64,32 +64,62 @@ def evaluate(value: float | str, stack: str, layer: int, n: int, m: int) -> floa
 
 
 # --- block structures: how a layer chains its residual steps -----------------------------------
-# Each gets the layer's steps in order (self-attention, [cross-attention,] FFN), each a function
-# step(x, skip) -> x of lnexp.model.placement.residual_step, and the layer's input; it returns the
-# layer's output. A scheme with new wiring is one function here, named by its YAML's ``structure``.
-Step = Callable[[Any, Any], Any]
+# A structure's ``layer`` gets the layer's steps in order (self-attention, [cross-attention,] FFN),
+# each a function step(x, skip) -> (x, branch) of lnexp.model.placement.residual_step (the new
+# stream and the branch it added), the layer's input and ``stream``: a dict the stack empties at the
+# start of each forward and its layers share, for what a structure carries from layer to layer. Its
+# ``join``, if any, makes the stack's output from the last layer's x, the stack's final norm and the
+# stream. A scheme with new wiring is one entry here, named by its YAML's ``structure``.
+Step = Callable[[Any, Any], tuple[Any, Any]]
 
 
-def residual_structure(steps: list[Step], x: Any) -> Any:
+@dataclass(frozen=True)
+class Structure:
+    layer: Callable[[list[Step], Any, dict], Any]
+    join: Callable[[Any, Callable[[Any], Any], dict], Any] | None = None  # None: final_norm(x)
+
+
+def residual_layer(steps: list[Step], x: Any, stream: dict) -> Any:
     """The plain chain: x <- step(x) for each sub-layer."""
     for step in steps:
-        x = step(x, None)
+        x, _ = step(x, None)
     return x
 
 
-def b2t_structure(steps: list[Step], x: Any) -> Any:
+def b2t_layer(steps: list[Step], x: Any, stream: dict) -> Any:
     """B2T connection (Takase et al. 2022): the layer's input also joins its last residual sum,
     LN(y + FFN(y) + x)."""
     x0 = x
     for i, step in enumerate(steps):
-        x = step(x, x0 if i == len(steps) - 1 else None)
+        x, _ = step(x, x0 if i == len(steps) - 1 else None)
     return x
 
 
-STRUCTURES: dict[str, Callable[[list[Step], Any], Any]] = {
-    "residual": residual_structure,
-    "b2t": b2t_structure,
+def resi_dual_layer(steps: list[Step], x: Any, stream: dict) -> Any:
+    """ResiDual (Xie et al. 2023): the Post-LN stream x <- LN(x + F(x)) goes on as the steps
+    compute it; the dual stream d, which starts as the first layer's input (the embeddings), sums
+    every branch: d <- d + F(x)."""
+    if "dual" not in stream:
+        stream["dual"] = x
+    for step in steps:
+        x, branch = step(x, None)
+        stream["dual"] = stream["dual"] + branch
+    return x
+
+
+def resi_dual_join(x: Any, final_norm: Callable[[Any], Any], stream: dict) -> Any:
+    """ResiDual's stack output: the Post-LN stream plus the normalised dual stream, x + LN(d)
+    (taken out of the stream: nothing outlives the forward)."""
+    return x + final_norm(stream.pop("dual"))
+
+
+STRUCTURES: dict[str, Structure] = {
+    "residual": Structure(residual_layer),
+    "b2t": Structure(b2t_layer),
+    "resi_dual": Structure(resi_dual_layer, resi_dual_join),
 }
+# profiling passes a scheme's init can ask for (lnexp/model/admin.py runs them on a fresh run)
+PROFILES = ("admin",)
 MATRICES = ("fc1", "fc2", "q_proj", "k_proj", "v_proj", "out_proj")
 DRAWS = ("fairseq", "xavier_normal")
 SWITCHES = ("input_norm", "output_norm", "sum_norm", "inner_norm")
@@ -105,6 +135,7 @@ class Init:
     scaled: tuple[str, ...] = ()  # matrices that get ``gain``
     unit: tuple[str, ...] = ()  # matrices redrawn with gain 1 (draw=xavier_normal)
     embed_gain: float | str = 1.0  # multiplies the token embeddings after fairseq's draw
+    profile: str | None = None  # admin: a pass over one batch sets the residual gains (fresh runs)
 
 
 @dataclass(frozen=True)
@@ -113,7 +144,7 @@ class Placement:
     ``recipe``)."""
 
     name: str
-    structure: str = "residual"  # a registered block structure (lnexp/model/structures.py)
+    structure: str = "residual"  # a registered block structure (STRUCTURES above)
     input_norm: bool = False  # F(Norm(x))
     output_norm: bool = False  # Norm(F(.))
     sum_norm: bool = True  # Norm(x + F)
@@ -121,6 +152,7 @@ class Placement:
     input_norm_scale: float | str = 1.0  # multiplies the input norm's output (LayerNorm Scaling)
     residual_weight: float | str = 1.0  # multiplies x in the sum (DeepNorm's alpha)
     branch_gate: bool = False  # ReZero: a learnable scalar, 0 at init, multiplies the branch
+    residual_gain: bool = False  # Admin: a learnable per-dimension weight on x, set by init.profile
     qk_norm: bool = False  # queries and keys normalised per head before their dot product
     v_norm: bool = False  # values normalised per head too (HybridNorm's QKV-norm)
     head_scale: bool = False  # NormFormer: a learnable scale per head before the output projection
@@ -132,7 +164,8 @@ class Placement:
 
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
-        flags = ("branch_gate", "qk_norm", "v_norm", "head_scale", "final_norm", "embed_norm", *SWITCHES)
+        flags = ("branch_gate", "residual_gain", "qk_norm", "v_norm", "head_scale", "final_norm",
+                 "embed_norm", *SWITCHES)
         for key in flags:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "
@@ -142,6 +175,12 @@ class Placement:
         for key in NUMBER_OR_FORMULA:
             _check_value(where, key, getattr(self.init if key.startswith("init.") else self,
                                              key.removeprefix("init.")))
+        if self.init.profile is not None and self.init.profile not in PROFILES:
+            raise ValueError(f"{where}: init.profile={self.init.profile!r} is not one of "
+                             f"{', '.join(PROFILES)} (or null)")
+        if self.residual_gain != (self.init.profile == "admin"):
+            raise ValueError(f"{where}: residual_gain and init.profile=admin go together (the "
+                             "profiling pass sets the gains): set both or neither")
         if self.init.draw not in DRAWS:
             raise ValueError(f"{where}: init.draw={self.init.draw!r} is not one of {', '.join(DRAWS)}")
         bad = [m for m in (*self.init.scaled, *self.init.unit) if m not in MATRICES]

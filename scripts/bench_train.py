@@ -5,6 +5,7 @@
     python scripts/bench_train.py --models mini --reps 5 --updates 40
     python scripts/bench_train.py --quick               # tiny model, seconds (used by the tests)
     python scripts/bench_train.py --interleaved --compile --models mini   # + torch.compile'd layers
+    python scripts/bench_train.py --interleaved --placements all --threads 1  # every scheme vs Pre-LN
 
 Each measurement is a fresh subprocess running the real entry point with identical settings:
 ``fairseq-train <bin> <flags>`` (fairseq_cli.train.cli_main, the console script's function) for
@@ -43,6 +44,9 @@ RATIOS = [  # (label, numerator run, denominator run, target)
     ("compiled/eager post_ln", ("compiled", "post_ln"), ("lnexp", "post_ln"), None),
     ("compiled/eager pre_ln", ("compiled", "pre_ln"), ("lnexp", "pre_ln"), None),
 ]
+# every other scheme against Pre-LN (lnexp both): a scheme under this ratio at the IWSLT size says
+# where its time goes (#19; docs/performance.md)
+ZOO_FLOOR = 0.8
 LOG_INTERVAL = 10
 
 
@@ -144,12 +148,15 @@ def _fairseq_wps(log: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="mini,iwslt", help="comma list of: " + ",".join(B.ARCHS))
-    p.add_argument("--placements", default="post_ln,pre_ln,peri_ln,deepnorm")
+    p.add_argument("--placements", default="post_ln,pre_ln,peri_ln,deepnorm",
+                   help="comma list, or all (every configs/placement/*.yaml)")
     p.add_argument("--updates", type=int, default=None,
                    help="timed updates per run (default: mini 30, iwslt 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed updates before the window")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--max-tokens", type=int, default=0,
+                   help="tokens per batch (scale.max_tokens; 0 = the scale's)")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--quick", action="store_true",
                    help="tiny 2+2-layer mini model, small batches, 1 repetition (for tests)")
@@ -177,8 +184,14 @@ def main() -> None:
     threads = torch.get_num_threads()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     placements = [x.strip() for x in args.placements.split(",") if x.strip()]
+    if placements == ["all"]:
+        from lnexp.names import PLACEMENTS
+
+        placements = list(PLACEMENTS)
     extra = [f"threads={threads}", f"precision={args.precision}", "seed=1"]
     extra += B.data_overrides(args)
+    if args.max_tokens:
+        extra.append(f"scale.max_tokens={args.max_tokens}")
     if args.quick:
         extra += B.QUICK_OVERRIDES
         args.reps = 1 if args.reps == 3 else args.reps
@@ -316,8 +329,10 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
                    "MFLOP/tok", "GFLOP/s", "of peak", "load"], rows))
     print()
     rows = []
+    zoo = [(f"{p}/pre_ln (lnexp)", ("lnexp", p), ("lnexp", "pre_ln"), ZOO_FLOOR)
+           for p in placements if p not in ("pre_ln", "peri_ln")]
     for model in models:
-        for label, num, den, target in RATIOS:
+        for label, num, den, target in RATIOS + zoo:
             a = results.get((model, num[1], num[0]))
             b = results.get((model, den[1], den[0]))
             if not a or not b:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tests.conftest import tiny_args
 
 ZOO = ("sandwich_ln", "olmo2", "qk_norm", "ln_scaling", "mix_ln", "rezero", "b2t", "t_fixup",
-       "sub_ln", "normformer", "hybridnorm")
+       "sub_ln", "normformer", "hybridnorm", "admin", "resi_dual")
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
 
@@ -119,6 +119,10 @@ def reference(placement: str, layer, depth: int, x, mem=None):
             x = x + (f(n(name)(x)) if name == "final" else out(name)(f(n(name)(x))))
         elif placement == "hybridnorm":         # x + Attn(QKV-norm)(x); Norm(x + FFN(x))
             x = n(name)(x + f(x)) if name == "final" else x + f(x)
+        elif placement == "admin":              # LN(w * x + F(x)), w per dimension
+            x = n(name)(getattr(layer, f"{name}_gain").weight * x + f(x))
+        elif placement == "resi_dual":          # the Post-LN stream (the dual one: test below)
+            x = n(name)(x + f(x))
         else:
             raise AssertionError(placement)
     return x
@@ -134,7 +138,7 @@ def zoo_models(tiny_task):
     with torch.no_grad():
         for model in models.values():
             for name, p in model.named_parameters():
-                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha")):
+                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha", "_gain.weight")):
                     p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype) + 0.1)
     return models
 
@@ -153,6 +157,83 @@ def test_layers_compute_the_papers_formula(zoo_models, placement):
         torch.testing.assert_close(enc(x, None), reference(placement, enc, depth, x), rtol=1e-6, atol=1e-6)
         got = dec(x, mem, None, self_attn_mask=causal)[0]
         torch.testing.assert_close(got, reference(placement, dec, depth, x, mem), rtol=1e-6, atol=1e-6)
+
+
+def _layer_inputs(model, src, prev):
+    """The embeddings each stack's first layer receives (captured from a forward)."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [getattr(model, s).layers[0].register_forward_pre_hook(
+        lambda m, args, s=s: seen.setdefault(s, args[0])) for s in ("encoder", "decoder")]
+    model(src, torch.full((src.shape[0],), src.shape[1]), prev)
+    for h in hooks:
+        h.remove()
+    return seen["encoder"], seen["decoder"]
+
+
+def _unpadded_batch():
+    g = torch.Generator().manual_seed(4)
+    prev = torch.randint(4, 40, (2, 5), generator=g)
+    prev[:, 0] = 2
+    return torch.randint(4, 40, (2, 6), generator=g), prev
+
+
+def test_resi_dual_joins_the_post_ln_stream_and_the_dual_stream(zoo_models):
+    """Xie et al. 2023: x <- LN(x + F(x)), d <- d + F(x) from d = the embeddings; each stack's
+    output x + LN(d); the decoder's cross-attention reads the encoder's joined output."""
+    model = zoo_models["resi_dual"]
+    src, prev = _unpadded_batch()
+    x_enc, x_dec = _layer_inputs(model, src, prev)
+
+    def stack(module, x, mem=None):
+        d = x
+        for layer in module.layers:
+            for name, f in sublayers(layer, mem):
+                y = f(x)
+                d = d + y
+                x = norm(getattr(layer, f"{name}_layer_norm"), x + y)
+        return x + norm(module.layer_norm.norm, d)
+
+    enc_ref = stack(model.encoder, x_enc)
+    enc = model.encoder(src, torch.full((2,), src.shape[1]))
+    torch.testing.assert_close(enc["encoder_out"][0], enc_ref, rtol=1e-6, atol=1e-6)
+    dec = model.decoder.extract_features(prev, encoder_out=enc)[0]
+    torch.testing.assert_close(dec, stack(model.decoder, x_dec, enc_ref).transpose(0, 1),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_admin_gains_are_the_papers_formula_of_the_profiled_variances(tiny_task):
+    """Liu et al. 2020 (the authors' adaptive-profiling): per stack, in the order the sub-layers
+    run, w_1 = 1, w_{i+1} = sqrt(Var[w_i x_i] + Var[F_i(x_i)]), x_{i+1} = LN(w_i x_i + F_i(x_i));
+    recomputed here from the parameters, the encoder first (the decoder attends to its output)."""
+    from lnexp.model.admin import profile_admin
+
+    model = build(tiny_task, "admin", seed=5).double()
+    assert all(p.eq(1).all() for n, p in model.named_parameters() if "_gain." in n)  # before
+    src, prev = _unpadded_batch()
+    x_enc, x_dec = _layer_inputs(model.eval(), src, prev)
+    omega = profile_admin(model, {"src_tokens": src, "src_lengths": torch.full((2,), 6),
+                                  "prev_output_tokens": prev}, seed=0)
+    assert len(omega["encoder"]) == 2 * LAYERS and len(omega["decoder"]) == 3 * LAYERS
+
+    def stack(module, x, mem=None):
+        w, ws = 1.0, []
+        for layer in module.layers:
+            for name, f in sublayers(layer, mem):
+                y = f(x)
+                ws.append(w)
+                x, w = norm(getattr(layer, f"{name}_layer_norm"), w * x + y), \
+                    math.sqrt((w * x).var(unbiased=False).item() + y.var(unbiased=False).item())
+        return x, ws
+
+    enc_out, w_enc = stack(model.encoder, x_enc)
+    _, w_dec = stack(model.decoder, x_dec, enc_out)
+    assert w_enc[0] == w_dec[0] == 1.0 and all(w > 1 for w in w_enc[1:] + w_dec[1:])
+    torch.testing.assert_close(omega["encoder"], w_enc, rtol=1e-9, atol=0)
+    torch.testing.assert_close(omega["decoder"], w_dec, rtol=1e-6, atol=0)  # float32 softmax
+    layer = model.decoder.layers[1]  # the model holds them: one vector per sub-layer, filled
+    for i, name in enumerate(("self_attn", "encoder_attn", "final")):
+        gain = getattr(layer, f"{name}_gain").weight
+        assert gain.requires_grad and torch.equal(gain, torch.full_like(gain, omega["decoder"][3 + i]))
 
 
 def test_dyt_replaces_every_norm(tiny_task, zoo_models):
@@ -225,7 +306,7 @@ def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
     ("norm.alpha0=0", "norm.alpha0=0 must be a positive number"),
     ("placement.qk_norm=yes", "placement.qk_norm='yes' is not true or false"),
     ("placement.residual_weight=alpha", "must be a number or one of deepnorm_alpha"),
-    ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t"),
+    ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t, resi_dual"),
     ("placement.first_layers={fraction:2}", "first_layers takes fraction (0..1)"),
     ("placement.sublayers={mlp:{sum_norm:true}}", "sublayers takes attention and ffn"),
 ])
@@ -282,8 +363,9 @@ def test_gradients_reach_embeddings_and_incremental_decoding_equals_full(zoo_mod
 def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, small_multi30k, capsys,
                                                                    monkeypatch):
     """One 2-update run of the zoo's most structured combination (Mix-LN's per-layer rule, QK-norm's
-    hooks, the DyT norm group) through lnexp train, evaluate, translate and stock fairseq-generate
-    with lnexp's --user-dir plugin (the checkpoint carries the placement and norm as JSON)."""
+    hooks, ResiDual's dual stream and join, the DyT norm group) through lnexp train, evaluate,
+    translate and stock fairseq-generate with lnexp's --user-dir plugin (the checkpoint carries the
+    placement and norm as JSON)."""
     import io
     import json
     import os
@@ -299,7 +381,8 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
     # the session corpus's shared cache (tests/test_precision.py): prepared once per session
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
     cfg = config.compose([
-        "placement=mix_ln", "placement.qk_norm=true", "norm=dyt", "norm.alpha0=0.7",
+        "placement=mix_ln", "placement.qk_norm=true", "placement.structure=resi_dual",
+        "norm=dyt", "norm.alpha0=0.7",
         f"dataset.dir={small_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=512",
         "depth.encoder_layers=4", "depth.decoder_layers=4", "max_update=2", "eval.subset=4",
         "eval.beam=2", "divergence.plateau_epoch=99"])
@@ -307,6 +390,7 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
     assert train_run(cfg, run)["status"] == "done"
     flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
     assert json.loads(flags["placement_spec"])["first_layers"]["fraction"] == 0.25
+    assert json.loads(flags["placement_spec"])["structure"] == "resi_dual"
     assert json.loads(flags["norm_spec"]) == {"name": "dyt", "alpha0": 0.7, "eps": None}
     capsys.readouterr()
     assert main(["evaluate", str(run), "--json", "--beam", "2"]) == 0
@@ -321,6 +405,46 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == Path(record[record["fairseq_output"]]).read_text().splitlines()
+
+
+def test_admin_run_profiles_once_records_omega_and_its_checkpoint_carries_it(
+        tmp_path, small_multi30k, monkeypatch):
+    """lnexp train placement=admin: the fresh run profiles (run.json's profiled_init), the
+    checkpoint carries the gains (trained from those values; evaluate and translate load the
+    model from it), and a resumed run does not profile again."""
+    import json
+
+    from lnexp import config
+    from lnexp.fairseq_adapter import load_checkpoint_state
+    from lnexp.train.loop import train_run
+
+    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    base = ["placement=admin", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
+            "scale.max_tokens=512", "depth.encoder_layers=2", "depth.decoder_layers=2",
+            "eval.subset=4", "eval.beam=1", "divergence.plateau_epoch=99", "lr=1e-3"]
+    run = tmp_path / "run"
+    assert train_run(config.compose([*base, "max_update=2"]), run)["status"] == "done"
+    profiled = json.loads((run / "run.json").read_text())["profiled_init"]
+    assert profiled["profile"] == "admin"
+    omega = profiled["omega"]
+    assert len(omega["encoder"]) == 2 * 2 and len(omega["decoder"]) == 3 * 2
+    assert omega["encoder"][0] == omega["decoder"][0] == 1.0 and min(omega["encoder"][1:]) > 1
+
+    def gains(path):
+        model = load_checkpoint_state(path)["model"]
+        return {s: [model[f"{s}.layers.{i}.{n}_gain.weight"] for i in range(2) for n in names]
+                for s, names in (("encoder", ("self_attn", "final")),
+                                 ("decoder", ("self_attn", "encoder_attn", "final")))}
+
+    after2 = gains(run / "checkpoints" / "checkpoint_last.pt")
+    for stack, values in omega.items():  # each gain: its profiled value, moved by 2 Adam steps
+        for w, trained in zip(values, after2[stack], strict=True):
+            assert (trained - w).abs().max() <= 2 * 1e-3 + 1e-6 and not torch.equal(
+                trained, torch.full_like(trained, 1.0))
+    assert train_run(config.compose([*base, "max_update=3"]), run)["updates"] == 3  # resumed
+    assert json.loads((run / "run.json").read_text())["profiled_init"] == profiled
+    after3 = gains(run / "checkpoints" / "checkpoint_last.pt")
+    assert any(not torch.equal(a, b) for s in after2 for a, b in zip(after2[s], after3[s], strict=True))
 
 
 def test_probes_with_model_brings_the_placements_structure(tiny_task):
@@ -351,3 +475,39 @@ def test_a_formula_key_takes_a_number_or_a_formula_whichever_the_yaml_has():
     assert compose(["placement=pre_ln", "placement.residual_weight=deepnorm_alpha"]).placement \
         .residual_weight == "deepnorm_alpha"
     assert compose(["placement=deepnorm", "placement.residual_weight=1.0"]).placement.residual_weight == 1.0
+
+
+@pytest.mark.parametrize("placement", __import__("lnexp.names", fromlist=["PLACEMENTS"]).PLACEMENTS)
+def test_every_scheme_takes_an_update_at_the_papers_size(tiny_task, tiny_batch, placement):
+    """The paper's IWSLT architecture (6+6 layers, d=512, FFN 1024, 4 heads; lnexp.names
+    ARCH_SIZES), each scheme as lnexp train builds it (Admin profiled first): a finite loss,
+    gradients at the embeddings, and one SGD update that lowers the loss on its batch."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from lnexp.model.admin import PROFILERS
+    from lnexp.names import arch_flags
+    from lnexp.scheme import placement_of
+    from lnexp.train.settings import SimpleNamespace
+
+    spec = placement_of(SimpleNamespace(placement=placement))
+    torch.manual_seed(0)
+    args = tiny_args("ln_transformer_iwslt_de_en", placement=placement,
+                     placement_spec=spec.to_json(), **arch_flags("ln_transformer_iwslt_de_en"))
+    model = ARCH_MODEL_REGISTRY["ln_transformer"].build_model(args, tiny_task)
+    assert model.encoder.layers[0].fc1.weight.shape == (1024, 512) and len(model.decoder.layers) == 6
+    src, lengths, prev, target = tiny_batch
+    if spec.init.profile:
+        PROFILERS[spec.init.profile](model, {"src_tokens": src, "src_lengths": lengths,
+                                             "prev_output_tokens": prev}, seed=0)
+
+    def loss():
+        return F.cross_entropy(model(src, lengths, prev)[0].transpose(1, 2), target)
+
+    before = loss()
+    before.backward()
+    assert torch.isfinite(before) and model.encoder.embed_tokens.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= 0.01 * p.grad  # (ReZero's and T-Fixup's first steps are small: a plain SGD step)
+        assert loss() < before

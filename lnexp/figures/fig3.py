@@ -108,6 +108,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     from lnexp import fairseq_adapter as fa
     from lnexp import probes
     from lnexp.data.registry import load_for_training
+    from lnexp.model.admin import profile_init
     from lnexp.train.settings import resolve_device
 
     cfg = probes.compose_config(["placement=post_ln", f"scale={args.scale}", *args.override])
@@ -149,7 +150,9 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
         for p in zoo:  # depth-dependent constants and inits (DeepNorm, Mix-LN...): a model per depth
             for depth in args.depths:
                 m = fa.build_model(probes.with_model(base, placement=p, encoder_layers=depth,
-                                                     decoder_layers=depth), task, seed).to(device).eval()
+                                                     decoder_layers=depth), task, seed).to(device)
+                profile_init(m, sample["net_input"], seed)  # Admin's gains, as a fresh run sets them
+                m.eval()
                 rows += _measure_one(m, criterion, sample, depth, args.layers_depth, p, common)
                 del m
         print(f"fig3: seed {seed}/{len(seeds)} measured ({time.perf_counter() - t:.0f}s)",
@@ -169,7 +172,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
         "placement, depth and the after-warm-up model",
         "init": "seed s: fairseq's init of a 14+14 model (torch seed s); Pre-/Peri-LN get the same "
         "weights; depth L = first L layers per stack"
-        + ("; the other schemes: their own init of an L+L model (torch seed s)" if zoo else ""),
+        + ("; the other schemes: their own init of an L+L model (torch seed s; Admin's gains from "
+           "its profiling pass on the seed's batch)" if zoo else ""),
         "timing": timing, **warm,
     }
     return rows, meta

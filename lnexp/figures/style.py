@@ -9,9 +9,10 @@ from lnexp.rundir import write_with
 
 COLORS = {"post_ln": "#d62728", "pre_ln": "#1f77b4", "peri_ln": "#2ca02c", "deepnorm": "#9467bd"}
 LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepnorm": "DeepNorm",
-          "b2t": "B2T", "hybridnorm": "HybridNorm", "ln_scaling": "LN Scaling", "mix_ln": "Mix-LN",
+          "admin": "Admin", "b2t": "B2T", "hybridnorm": "HybridNorm", "ln_scaling": "LN Scaling",
+          "mix_ln": "Mix-LN",
           "normformer": "NormFormer", "olmo2": "OLMo-2", "qk_norm": "QK-norm", "rezero": "ReZero",
-          "sandwich_ln": "Sandwich-LN", "sub_ln": "Sub-LN", "t_fixup": "T-Fixup"}
+          "resi_dual": "ResiDual", "sandwich_ln": "Sandwich-LN", "sub_ln": "Sub-LN", "t_fixup": "T-Fixup"}
 
 
 def _zoo_styles() -> None:

@@ -18,7 +18,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
-from lnexp.model.placement import ResidualSpec, init_layer_, residual_step
+from lnexp.model.placement import ResidualGain, ResidualSpec, init_layer_, residual_step
 from lnexp.scheme import STRUCTURES, Norm
 
 
@@ -36,6 +36,8 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
                 make_norm(norm, dim) if spec.output_norm else None)
         setattr(layer, name.replace("layer_norm", "gate"),
                 nn.Parameter(torch.zeros(1)) if spec.gate else None)
+        setattr(layer, name.replace("layer_norm", "gain"),
+                ResidualGain(dim) if spec.residual_gain else None)
     ffn = layer.spec_of("final")
     layer.final_inner_norm = make_norm(norm, layer.fc1.out_features) if ffn.inner_norm else None
 
@@ -103,6 +105,7 @@ def _install_attention_parts(attn: nn.Module, spec: ResidualSpec, norm: Norm) ->
 def _set_up(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec,
             ffn_spec: ResidualSpec | None, norm: Norm, attns: list[nn.Module]) -> None:
     layer.spec = spec
+    layer.stream = {}  # what the structure carries between layers; the stack shares its own dict
     layer.ffn_spec = ffn_spec if ffn_spec != spec else None
     _install_norms(layer, names, norm)
     init_layer_(spec, {"fc1": layer.fc1, "fc2": layer.fc2}, *attns)
@@ -124,10 +127,10 @@ class _Steps:
         """The spec of sub-layer ``name`` (self_attn, encoder_attn: attention; final: the FFN)."""
         return (self.ffn_spec or self.spec) if name == "final" else self.spec
 
-    def _step(self, name: str, sublayer, x: Tensor, skip: Tensor | None) -> Tensor:
+    def _step(self, name: str, sublayer, x: Tensor, skip: Tensor | None) -> tuple[Tensor, Tensor]:
         return residual_step(self.spec_of(name), x, sublayer, getattr(self, f"{name}_layer_norm"),
                              getattr(self, f"{name}_out_norm"), self.dropout_module,
-                             getattr(self, f"{name}_gate"), skip)
+                             getattr(self, f"{name}_gate"), skip, getattr(self, f"{name}_gain"))
 
 
 class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
@@ -154,7 +157,7 @@ class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
             return out
 
         steps = [partial(self._step, "self_attn", attend), partial(self._step, "final", self._ffn)]
-        return STRUCTURES[self.spec.structure](steps, x)
+        return STRUCTURES[self.spec.structure].layer(steps, x, self.stream)
 
 
 class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
@@ -217,7 +220,7 @@ class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
 
             steps.append(partial(self._step, "encoder_attn", cross_attend))
         steps.append(partial(self._step, "final", self._ffn))
-        x = STRUCTURES[self.spec.structure](steps, x)
+        x = STRUCTURES[self.spec.structure].layer(steps, x, self.stream)
         return x, weights[0], None
 
 

@@ -5,7 +5,8 @@ placement's YAML sets (configs/placement/*.yaml, read by lnexp.scheme.Placement)
 
     h = Norm_in(x) * s          if input_norm   (s = input_norm_scale: 1, or LayerNorm Scaling's 1/sqrt(l))
     y = Norm_out(F(h))          if output_norm
-    x <- a*x + dt*g*y [+ skip]  (a = residual_weight, g = ReZero's gate, skip = a structure's extra term)
+    x <- a*w*x + dt*g*y [+ skip]  (a = residual_weight, w = Admin's per-dimension gain,
+                                   g = ReZero's gate, skip = a structure's extra term)
     x <- Norm(x)                if sum_norm
 
     post_ln   x <- Norm(x + dt*F(x))
@@ -27,7 +28,8 @@ from torch import nn
 from lnexp.names import PLACEMENTS
 from lnexp.scheme import Placement, deepnorm_constants, evaluate
 
-__all__ = ["PLACEMENTS", "ResidualSpec", "deepnorm_constants", "init_layer_", "residual_step"]
+__all__ = ["PLACEMENTS", "ResidualGain", "ResidualSpec", "deepnorm_constants", "init_layer_",
+           "residual_step"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class ResidualSpec:
     inner_norm: bool = False
     input_norm_scale: float = 1.0
     gate: bool = False  # ReZero's learnable branch scalar
+    residual_gain: bool = False  # Admin's learnable per-dimension weight on x
     qk_norm: bool = False
     v_norm: bool = False
     head_scale: bool = False
@@ -75,10 +78,24 @@ class ResidualSpec:
             alpha=evaluate(placement.residual_weight, *at), beta=evaluate(init.gain, *at),
             **placement.switches(layer, n_stack, sublayer),
             input_norm_scale=evaluate(placement.input_norm_scale, *at),
-            gate=placement.branch_gate, qk_norm=placement.qk_norm, v_norm=placement.v_norm,
+            gate=placement.branch_gate, residual_gain=placement.residual_gain,
+            qk_norm=placement.qk_norm, v_norm=placement.v_norm,
             head_scale=placement.head_scale, structure=placement.structure,
             init_draw=init.draw, init_scaled=tuple(init.scaled), init_unit=tuple(init.unit),
         )
+
+
+class ResidualGain(nn.Module):
+    """Admin's residual sum w * x + y, w one learnable weight per dimension (Liu et al. 2020). It is
+    1 when built; lnexp.model.admin's profiling pass sets it (a module, so that the pass sees the
+    sum's two terms, and a parameter, so that checkpoints carry it)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * self.weight + y
 
 
 def residual_step(
@@ -90,8 +107,10 @@ def residual_step(
     dropout: nn.Module,
     gate: torch.Tensor | None = None,
     skip: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Apply one residual sub-layer with its norms where ``spec`` puts them.
+    gain: ResidualGain | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply one residual sub-layer with its norms where ``spec`` puts them; returns the new x and
+    the branch it added (ResiDual's dual stream sums the branches).
 
     Scalings equal to 1 are skipped so that Post-/Pre-LN run exactly fairseq's arithmetic.
     """
@@ -107,10 +126,10 @@ def residual_step(
     if gate is not None:
         y = gate * y
     residual = x * spec.alpha if spec.alpha != 1.0 else x
-    x = residual + y
+    x = gain(residual, y) if gain is not None else residual + y
     if skip is not None:
         x = x + skip
-    return norm(x) if spec.sum_norm else x
+    return (norm(x) if spec.sum_norm else x), y
 
 
 def init_layer_(spec: ResidualSpec, ffn: dict[str, nn.Linear], *attns: nn.Module) -> None:

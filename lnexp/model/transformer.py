@@ -26,12 +26,13 @@ from fairseq.models.transformer.transformer_config import (
     DEFAULT_MAX_SOURCE_POSITIONS,
     DEFAULT_MAX_TARGET_POSITIONS,
 )
+from torch import nn
 
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
 from lnexp.model.placement import ResidualSpec
 from lnexp.names import NORMS, PLACEMENTS, arch_flags
-from lnexp.scheme import evaluate, norm_of, placement_of
+from lnexp.scheme import STRUCTURES, evaluate, norm_of, placement_of
 
 
 @dataclass
@@ -62,14 +63,49 @@ def _swap_stack_norms(module, cfg: LNTransformerConfig) -> None:
             setattr(module, name, make_norm(norm, module.embed_tokens.embedding_dim))
 
 
+class _Join(nn.Module):
+    """The stack's output where its structure joins streams (ResiDual: x + Norm(dual)); fairseq's
+    stack calls it in its final norm's place."""
+
+    def __init__(self, norm: nn.Module, structure: str, stream: dict) -> None:
+        super().__init__()
+        self.norm, self.structure, self.stream = norm, structure, stream
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return STRUCTURES[self.structure].join(x, self.norm, self.stream)
+
+
+def _share_stream(stack, layer):
+    """The stack's layers share one stream dict (what a structure carries between layers)."""
+    if "stream" not in stack.__dict__:
+        stack.stream = {}
+    layer.stream = stack.stream
+    return layer
+
+
+def _join_streams(stack, cfg: LNTransformerConfig) -> None:
+    structure = placement_of(cfg).structure
+    if STRUCTURES[structure].join is not None:
+        if stack.layer_norm is None:
+            raise ValueError(f"structure {structure} joins its streams with the final norm: "
+                             "set placement.final_norm=true")
+        stack.layer_norm = _Join(stack.layer_norm, structure, stack.stream)
+
+
 class LNEncoder(TransformerEncoderBase):
     def __init__(self, cfg: LNTransformerConfig, dictionary, embed_tokens) -> None:
         super().__init__(cfg, dictionary, embed_tokens)
         _swap_stack_norms(self, cfg)
+        _join_streams(self, cfg)
 
     def build_encoder_layer(self, cfg: LNTransformerConfig) -> LNEncoderLayer:
         specs = _next_specs(self, cfg, "encoder")
-        return LNEncoderLayer(cfg, specs["attention"], norm_of(cfg), ffn_spec=specs["ffn"])
+        return _share_stream(self, LNEncoderLayer(cfg, specs["attention"], norm_of(cfg),
+                                                  ffn_spec=specs["ffn"]))
+
+    def forward_scriptable(self, *args, **kwargs):
+        self.stream.clear()  # each forward starts its structure's streams afresh
+        return super().forward_scriptable(*args, **kwargs)
 
 
 class LNDecoder(TransformerDecoderBase):
@@ -77,11 +113,16 @@ class LNDecoder(TransformerDecoderBase):
                  no_encoder_attn: bool = False) -> None:
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
         _swap_stack_norms(self, cfg)
+        _join_streams(self, cfg)
 
     def build_decoder_layer(self, cfg: LNTransformerConfig, no_encoder_attn: bool = False):
         specs = _next_specs(self, cfg, "decoder")
-        return LNDecoderLayer(cfg, specs["attention"], norm_of(cfg), no_encoder_attn,
-                              ffn_spec=specs["ffn"])
+        return _share_stream(self, LNDecoderLayer(cfg, specs["attention"], norm_of(cfg),
+                                                  no_encoder_attn, ffn_spec=specs["ffn"]))
+
+    def extract_features_scriptable(self, *args, **kwargs):
+        self.stream.clear()  # each forward (each step of incremental decoding) starts afresh
+        return super().extract_features_scriptable(*args, **kwargs)
 
 
 @register_model("ln_transformer")

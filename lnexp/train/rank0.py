@@ -56,6 +56,7 @@ class Rank0:
             "config": setup.config, "data": setup.data.__dict__,
             "device": setup.device, "torch_threads": torch.get_num_threads(),
             "params": sum(p.numel() for p in model.parameters()),
+            "profiled_init": state.profiled_init,  # Admin's gains, as the fresh run set them
             "fairseq_flags": {k: str(v) for k, v in setup.fairseq.flags.items()},
             "stock_fairseq_train": setup.stock_command, "schedule": setup.schedule,
             "units": UNITS, "unigram_entropy_bits": entropy,

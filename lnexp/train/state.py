@@ -25,6 +25,7 @@ class RunState:
     overflows: int = 0  # fp16 updates skipped by fairseq's loss scaler
     saved_update: int | None = None  # the update of the last checkpoint
     signature: str | None = None  # sacreBLEU's signature of the last validation
+    profiled_init: dict[str, Any] | None = None  # the gains a fresh run's profiling pass set (Admin)
 
     @classmethod
     def from_checkpoint(cls, extra_state: dict[str, Any] | None) -> RunState:
