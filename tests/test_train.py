@@ -181,7 +181,8 @@ def test_run_state_reads_the_checkpoint_dict_of_every_version():
     state = RunState.from_checkpoint({"lnexp": old})
     assert state.history == old["history"] and state.overflows == 0
     assert state.checkpoint_update() == 6  # no saved_update: the last epoch's
-    assert state.to_checkpoint() == {**old, "overflows": 0, "saved_update": None, "signature": None}
+    assert state.to_checkpoint() == {**old, "overflows": 0, "saved_update": None, "signature": None,
+                                     "profiled_init": None}
     assert RunState.from_checkpoint(None) == RunState()
     assert RunState.from_checkpoint({"lnexp": state.to_checkpoint()}) == state
 
