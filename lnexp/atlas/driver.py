@@ -20,9 +20,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Callable
 
 from lnexp.atlas.grid import Grid, experiment_name, read_grid
 from lnexp.atlas.plan import Arm, Cell, Scheme, fits, next_cells
@@ -34,7 +34,7 @@ DYT_PLACEMENTS = ("pre_ln", "post_ln")  # norm=dyt cells: DyT against LayerNorm 
 DEFAULT_COST_S = {"mini": {6: 100.0, 18: 330.0}, "paper": {6: 3600.0, 18: 9000.0}}
 FIGURE_RESERVE_S = 60.0  # kept back for lnexp figure atlas at the end
 STATE_FILE = "atlas_state.json"  # in runs_root: time spent so far (a resumed atlas spends the rest)
-PLAN_FILE = "atlas_plan.json"    # in runs_root: cells launched, and the ones the budget left out
+PLAN_FILE = "atlas_plan.json"  # in runs_root: cells launched, and the ones the budget left out
 
 
 def schemes() -> list[Scheme]:
@@ -46,19 +46,32 @@ def schemes() -> list[Scheme]:
 def claim_cells(grid: Grid) -> list[Cell]:
     """The cells the papers' claims need, first in the queue so that a short budget still decides them:
     deep Post-LN vs Admin, DeepNorm, B2T (with warm-up); deep Pre-LN vs LayerNorm Scaling and Mix-LN
-    (hidden states, gradients; no warm-up); DyT vs LayerNorm on a second seed (the t-interval)."""
+    (hidden states, gradients; no warm-up); DyT vs LayerNorm; the last two on two seeds (t-intervals)."""
     from lnexp.names import PLACEMENTS
 
     deep, shallow, s = max(grid.depths), min(grid.depths), grid.shared
     w_on, w_off = max(grid.warmups), min(grid.warmups)
     out = []
     if deep != shallow:
-        out += [Cell(Arm(Scheme(p), w_on, deep), s, grid.seeds[0])
-                for p in ("post_ln", "admin", "deepnorm", "b2t") if p in PLACEMENTS]
-        out += [Cell(Arm(Scheme(p), w_off, deep), s, grid.seeds[0])
-                for p in ("pre_ln", "ln_scaling", "mix_ln") if p in PLACEMENTS]
-    out += [Cell(Arm(Scheme(p, n), w, shallow), s, seed) for p in DYT_PLACEMENTS if p in PLACEMENTS
-            for n in ("layernorm", "dyt") for w in grid.warmups for seed in grid.seeds[:2]]
+        out += [
+            Cell(Arm(Scheme(p), w_on, deep), s, grid.seeds[0])
+            for p in ("post_ln", "admin", "deepnorm", "b2t")
+            if p in PLACEMENTS
+        ]
+        out += [
+            Cell(Arm(Scheme(p), w_off, deep), s, seed)
+            for p in ("pre_ln", "ln_scaling", "mix_ln")
+            if p in PLACEMENTS
+            for seed in grid.seeds[:2]
+        ]
+    out += [
+        Cell(Arm(Scheme(p, n), w, shallow), s, seed)
+        for p in DYT_PLACEMENTS
+        if p in PLACEMENTS
+        for n in ("layernorm", "dyt")
+        for w in grid.warmups
+        for seed in grid.seeds[:2]
+    ]
     return out
 
 
@@ -67,17 +80,29 @@ def phases(grid: Grid, kinds: list[Scheme]) -> list[tuple[str, list[Arm], tuple[
     seeds, then the deep bisection and its boundaries."""
     shallow, deeper = min(grid.depths), sorted(set(grid.depths) - {min(grid.depths)})
     arms = lambda d: [Arm(sc, w, d) for sc in kinds for w in grid.warmups]  # noqa: E731
-    out = [("shallow bisection", arms(shallow), grid.seeds[:1]),
-           ("shallow boundary seeds", arms(shallow), grid.seeds)]
+    out = [
+        ("shallow bisection", arms(shallow), grid.seeds[:1]),
+        ("shallow boundary seeds", arms(shallow), grid.seeds),
+    ]
     for d in deeper:
-        out += [(f"depth {d} bisection", arms(d), grid.seeds[:1]), (f"depth {d} boundary seeds", arms(d), grid.seeds)]
+        out += [
+            (f"depth {d} bisection", arms(d), grid.seeds[:1]),
+            (f"depth {d} boundary seeds", arms(d), grid.seeds),
+        ]
     return out
 
 
 def overrides(cell: Cell, grid: Grid, scale: str) -> list[str]:
     a = cell.arm
-    return [f"experiment={experiment_name(scale)}", f"placement={a.scheme.placement}", f"norm={a.scheme.norm}",
-            f"depth={a.depth}", f"lr={grid.lrs[cell.lr_index]:g}", f"warmup={a.warmup}", f"seed={cell.seed}"]
+    return [
+        f"experiment={experiment_name(scale)}",
+        f"placement={a.scheme.placement}",
+        f"norm={a.scheme.norm}",
+        f"depth={a.depth}",
+        f"lr={grid.lrs[cell.lr_index]:g}",
+        f"warmup={a.warmup}",
+        f"seed={cell.seed}",
+    ]
 
 
 class SeenRuns:
@@ -103,8 +128,11 @@ class SeenRuns:
                     continue  # not finished: read again next round
                 self.final[d] = None
                 if run.experiment == self.experiment and idx:
-                    arm = Arm(Scheme(str(run.get("placement.name")), str(run.get("norm.name", "layernorm"))),
-                              int(run.get("warmup")), int(run.get("depth.encoder_layers") or 6))
+                    arm = Arm(
+                        Scheme(str(run.get("placement.name")), str(run.get("norm.name", "layernorm"))),
+                        int(run.get("warmup")),
+                        int(run.get("depth.encoder_layers") or 6),
+                    )
                     self.final[d] = ((arm, idx[0]), int(run.get("seed")), o)
             if self.final[d] is not None:
                 key, seed, o = self.final[d]
@@ -133,12 +161,20 @@ def launch_subprocess(extra: list[str]) -> Launch:
         t0 = time.monotonic()
         subprocess.run([sys.executable, "-m", "lnexp", "train", *ovr, *extra], check=False)
         return time.monotonic() - t0
+
     return launch
 
 
-def run_atlas(runs_root: Path, scale: str, budget_s: float, jobs: int, launch: Launch,
-              grid: Grid | None = None, log: Callable[[str], None] = print,
-              kinds: list[Scheme] | None = None) -> dict:
+def run_atlas(
+    runs_root: Path,
+    scale: str,
+    budget_s: float,
+    jobs: int,
+    launch: Launch,
+    grid: Grid | None = None,
+    log: Callable[[str], None] = print,
+    kinds: list[Scheme] | None = None,
+) -> dict:
     """Rounds of cells until every phase is done or the budget cannot hold the next cell; returns the
     plan (also written to runs_root/atlas_plan.json). ``kinds``: the schemes (default: all)."""
     grid = grid or read_grid(scale)
@@ -148,8 +184,16 @@ def run_atlas(runs_root: Path, scale: str, budget_s: float, jobs: int, launch: L
     state = _read(state_path)
     state.setdefault("spent_s", 0.0)
     state.setdefault("costs", {})
-    plan = {"scale": scale, "budget_s": budget_s, "jobs": jobs, "lrs": grid.lrs, "shared_lr": grid.shared_lr,
-            "launched": [], "not_run": [], "stopped": None}
+    plan = {
+        "scale": scale,
+        "budget_s": budget_s,
+        "jobs": jobs,
+        "lrs": grid.lrs,
+        "shared_lr": grid.shared_lr,
+        "launched": [],
+        "not_run": [],
+        "stopped": None,
+    }
 
     def cost(cell: Cell) -> float:
         measured = state["costs"].get(str(cell.arm.depth))
@@ -178,7 +222,7 @@ def run_atlas(runs_root: Path, scale: str, budget_s: float, jobs: int, launch: L
                         state["costs"].setdefault(str(c.arm.depth), []).append(round(f.result(), 1))
                         plan["launched"].append(_cell_doc(c, grid))
                     now = time.monotonic()
-                    state["spent_s"] += (now - t_round)  # wall time, counted as it passes
+                    state["spent_s"] += now - t_round  # wall time, counted as it passes
                     t_round = now
                     _write(state_path, state)
             finally:
@@ -188,10 +232,16 @@ def run_atlas(runs_root: Path, scale: str, budget_s: float, jobs: int, launch: L
 
     seen_outcomes = SeenRuns(runs_root, grid, scale)
     seen = seen_outcomes()
-    first = [c for c in claim_cells(grid) if c.arm.scheme in kinds and c.seed not in seen.get((c.arm, c.lr_index), {})]
-    log(f"lnexp atlas: {len(kinds)} schemes, lrs {', '.join(f'{x:g}' for x in grid.lrs)}, warm-up "
+    first = [
+        c
+        for c in claim_cells(grid)
+        if c.arm.scheme in kinds and c.seed not in seen.get((c.arm, c.lr_index), {})
+    ]
+    log(
+        f"lnexp atlas: {len(kinds)} schemes, lrs {', '.join(f'{x:g}' for x in grid.lrs)}, warm-up "
         f"{grid.warmups}, depth {grid.depths}; budget {budget_s / 60:.0f} min, {state['spent_s'] / 60:.1f} "
-        f"spent, {jobs} jobs")
+        f"spent, {jobs} jobs"
+    )
     ok = run_round(first) if first else True
     if not ok:
         plan["stopped"] = f"budget: the claims' cells did not fit in {remaining():.0f} s"
@@ -213,36 +263,66 @@ def run_atlas(runs_root: Path, scale: str, budget_s: float, jobs: int, launch: L
 
 
 def _cell_doc(c: Cell, grid: Grid) -> dict:
-    return {"scheme": c.arm.scheme.label, "placement": c.arm.scheme.placement, "norm": c.arm.scheme.norm,
-            "warmup": c.arm.warmup, "depth": c.arm.depth, "lr": grid.lrs[c.lr_index], "seed": c.seed}
+    return {
+        "scheme": c.arm.scheme.label,
+        "placement": c.arm.scheme.placement,
+        "norm": c.arm.scheme.norm,
+        "warmup": c.arm.warmup,
+        "depth": c.arm.depth,
+        "lr": grid.lrs[c.lr_index],
+        "seed": c.seed,
+    }
 
 
 def full_grid_commands(scale: str, grid: Grid) -> list[str]:
     """The whole grid as Hydra multiruns (``lnexp train -m``), for GPUs: no adaptivity, no budget."""
     from lnexp.names import PLACEMENTS
 
-    common = (f"experiment={experiment_name(scale)} lr={','.join(f'{x:g}' for x in grid.lrs)} "
-              f"warmup={','.join(map(str, grid.warmups))} depth={','.join(map(str, grid.depths))} "
-              f"seed={','.join(map(str, grid.seeds))}")
-    return [f"lnexp train -m {common} placement={','.join(PLACEMENTS)} norm=layernorm",
-            f"lnexp train -m {common} placement={','.join(DYT_PLACEMENTS)} norm=dyt"]
+    common = (
+        f"experiment={experiment_name(scale)} lr={','.join(f'{x:g}' for x in grid.lrs)} "
+        f"warmup={','.join(map(str, grid.warmups))} depth={','.join(map(str, grid.depths))} "
+        f"seed={','.join(map(str, grid.seeds))}"
+    )
+    return [
+        f"lnexp train -m {common} placement={','.join(PLACEMENTS)} norm=layernorm",
+        f"lnexp train -m {common} placement={','.join(DYT_PLACEMENTS)} norm=dyt",
+    ]
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
-        prog="lnexp atlas", description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen "
+        prog="lnexp atlas",
+        description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen "
         "adaptively (bisection for the largest stable lr, extra seeds at the boundary) within a time budget; "
-        "rerun to resume. Then: lnexp figure atlas --scale SCALE")
+        "rerun to resume. Then: lnexp figure atlas --scale SCALE",
+    )
     ap.add_argument("--scale", default="mini", help="mini (CPU) or paper (GPU): experiment=atlas_SCALE")
-    ap.add_argument("--budget-min", type=float, default=None, help="minutes for all rounds (default: mini "
-                    "110, paper no limit); a resumed atlas spends what is left")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at once (default 2: two 1-thread jobs on 2 cores)")
+    ap.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        help="minutes for all rounds (default: mini "
+        "105, other scales no limit); a resumed atlas spends what is left",
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="runs at once (default 2: two 1-thread jobs on 2 cores)"
+    )
     ap.add_argument("--runs-root", type=Path, default=Path("runs"))
-    ap.add_argument("--shared-lr", type=float, default=None, help="the lr every arm is tried at first "
-                    "(default: the grid's second lr)")
-    ap.add_argument("--full", action="store_true", help="print the full grid's lnexp train -m commands and exit")
-    ap.add_argument("overrides", nargs="*", help="more lnexp train overrides for every run (e.g. "
-                    "hydra/launcher=basic is not needed; max_update=20 for a smoke test)")
+    ap.add_argument(
+        "--shared-lr",
+        type=float,
+        default=None,
+        help="the lr every arm is tried at first (default: the grid's second lr)",
+    )
+    ap.add_argument(
+        "--full", action="store_true", help="print the full grid's lnexp train -m commands and exit"
+    )
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        help="more lnexp train overrides for every run (e.g. "
+        "hydra/launcher=basic is not needed; max_update=20 for a smoke test)",
+    )
     args = ap.parse_args(argv)
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: give 1 or more")
@@ -250,7 +330,9 @@ def main(argv: list[str]) -> int:
     if args.full:
         print("\n".join(full_grid_commands(args.scale, grid)))
         return 0
-    budget = (args.budget_min if args.budget_min is not None else (110.0 if args.scale == "mini" else 1e9)) * 60
+    budget = (
+        args.budget_min if args.budget_min is not None else (105.0 if args.scale == "mini" else 1e9)
+    ) * 60
     extra = [f"runs_root={args.runs_root}", *args.overrides]
     run_atlas(args.runs_root, args.scale, budget, args.jobs, launch_subprocess(extra), grid)
     return 0

@@ -39,15 +39,19 @@ def read_grid(scale: str, shared_lr: float | None = None) -> Grid:
 
     path = Path(CONFIG_DIR) / "experiment" / f"{experiment_name(scale)}.yaml"
     if not path.is_file():
-        raise UserError(f"no {path}: use --scale mini or --scale paper")
-    params = OmegaConf.to_container(OmegaConf.load(path)).get("hydra", {}).get("sweeper", {}).get("params", {})
+        raise UserError(f"no {path}: use --scale mini, gpu or paper")
+    params = (
+        OmegaConf.to_container(OmegaConf.load(path)).get("hydra", {}).get("sweeper", {}).get("params", {})
+    )
     lrs = tuple(sorted(float(x) for x in _values(params["lr"])))
     shared = lrs[1] if shared_lr is None and len(lrs) > 1 else (shared_lr or lrs[0])
     match = [lr for lr in lrs if math.isclose(lr, shared, rel_tol=1e-6)]
     if not match:
         raise UserError(f"--shared-lr {shared:g} is not on the grid ({', '.join(f'{x:g}' for x in lrs)})")
-    return Grid(lrs, tuple(int(x) for x in _values(params["warmup"])),
-                tuple(int(x) for x in _values(params.get("depth", "6"))),
-                tuple(int(x) for x in _values(params["seed"])), match[0])
-
-
+    return Grid(
+        lrs,
+        tuple(int(x) for x in _values(params["warmup"])),
+        tuple(int(x) for x in _values(params.get("depth", "6"))),
+        tuple(int(x) for x in _values(params["seed"])),
+        match[0],
+    )

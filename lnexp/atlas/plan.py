@@ -80,8 +80,14 @@ def boundary_cells(arm: Arm, n_lrs: int, seen: Seen) -> list[int]:
     return [i for i in (lo, hi) if 0 <= i < n_lrs]
 
 
-def next_cells(arms: Iterable[Arm], n_lrs: int, shared: int, seen: Seen, seeds: tuple[int, ...],
-               pending: set[Cell] = frozenset()) -> list[Cell]:  # type: ignore[assignment]
+def next_cells(
+    arms: Iterable[Arm],
+    n_lrs: int,
+    shared: int,
+    seen: Seen,
+    seeds: tuple[int, ...],
+    pending: set[Cell] = frozenset(),
+) -> list[Cell]:  # type: ignore[assignment]
     """One round: each arm's next bisection probe (first seed) or, once bracketed, the boundary
     cells' missing seeds. Cells in ``pending`` (launched, not finished) are not proposed again."""
     out: list[Cell] = []
@@ -90,8 +96,12 @@ def next_cells(arms: Iterable[Arm], n_lrs: int, shared: int, seen: Seen, seeds: 
         if probe is not None:
             cells = [Cell(arm, probe, seeds[0])]
         else:
-            cells = [Cell(arm, i, s) for i in boundary_cells(arm, n_lrs, seen) for s in seeds
-                     if s not in seen.get((arm, i), {})]
+            cells = [
+                Cell(arm, i, s)
+                for i in boundary_cells(arm, n_lrs, seen)
+                for s in seeds
+                if s not in seen.get((arm, i), {})
+            ]
         out += [c for c in cells if c not in pending]
     return out
 

@@ -34,7 +34,8 @@ from lnexp.rundir import run_paths
 
 OUTCOMES = ("trained", "plateau", "diverged", "missing")
 DT_PLACEMENTS = ("pre_ln", "peri_ln")  # the placements with a dt column
-LEGACY_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln", "deepnorm")  # the first atlas's (heatmaps, Peri-LN claims)
+# the first atlas's placements (its heatmaps and Peri-LN / dt claims)
+LEGACY_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln", "deepnorm")
 ZOO_FIGURES = ("atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth")
 RUN_FIELDS = ("experiment", "run", "placement", "lr", "warmup", "residual_scale", "seed", "status",
               "outcome", "diverged_update", "diverged_reason", "updates", "final_valid_loss",
@@ -597,7 +598,8 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
                 if not any(k[:3] == (s, d, w) for k in zgrid):
                     continue
                 b = Z.largest_stable(zgrid, lrs, s, d, w)
-                lr_rows.append({"scheme": s, "depth": d, "warmup": w, "largest_stable_lr": b["lr"], "top": b["top"],
+                lr_rows.append({"scheme": s, "depth": d, "warmup": w, "largest_stable_lr": b["lr"],
+                                "top": b["top"],
                                 "known": b["known"], "first_failing_lr": b["first_fail"]})
     ordered = Z.order(schemes_found, lr_rows, min(depths))
     map_rows = [{"scheme": k[0], "depth": k[1], "warmup": k[2], "lr": k[3], "seeds": len(c.runs),
@@ -629,13 +631,15 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     write_csv(args.out / "atlas_lr.csv", Z.LR_FIELDS, lr_rows)
     write_csv(args.out / "atlas_loss.csv", Z.LOSS_FIELDS, loss_rows)
     write_csv(args.out / "atlas_growth.csv", Z.GROWTH_FIELDS, growth_rows)
-    grey = sum(1 for s in ordered for d in depths for w in warmups for lr in lrs if (s, d, w, lr) not in zgrid)
+    grey = sum(1 for s in ordered for d in depths for w in warmups for lr in lrs
+               if (s, d, w, lr) not in zgrid)
     base = f"scale={args.scale}; {len(ordered)} schemes, sorted by largest stable lr at depth {min(depths)}"
     paths = style.save(Z.draw_maps(zgrid, ordered, lrs, depths, warmups), args.out, "atlas_maps",
                        f"{base}; grey = not run ({grey} cells); number = seeds when > 1; {plan_note}")
     paths += style.save(Z.draw_lr(lr_rows, ordered, lrs, depths, warmups), args.out, "atlas_lr",
                         f"{base}; stable = every seed trained; open = boundary not bracketed (cells not run)")
-    last = [dict(g, value=g["last_layer_rms"]) for g in growth_rows if g["lr"] == shared and g["side"] == "decoder"]
+    last = [dict(g, value=g["last_layer_rms"]) for g in growth_rows
+            if g["lr"] == shared and g["side"] == "decoder"]
     agg: dict[tuple, list[float]] = defaultdict(list)
     for g in last:
         agg[(g["scheme"], g["depth"], g["warmup"])].append(g["value"])
@@ -644,11 +648,13 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
         m = Z.summarise(v)
         growth_bars.append({"scheme": s, "depth": d, "warmup": w, "mean": m.mean,
                             "low": m.low if m.n > 1 else None, "high": m.high if m.n > 1 else None})
-    paths += style.save(Z.draw_bars(loss_rows, ordered, depths, warmups, "mean_valid_loss", "ci_low", "ci_high",
+    paths += style.save(Z.draw_bars(loss_rows, ordered, depths, warmups, "mean_valid_loss", "ci_low",
+                                    "ci_high",
                                     "final valid loss (bits/token)", f"loss at lr {shared:g}"), args.out,
                         "atlas_loss", f"{base}; mean over seeds, bar = 95% t-interval (n >= 2)")
     paths += style.save(Z.draw_bars(growth_bars, ordered, depths, warmups, "mean", "low", "high",
-                                    "decoder last-layer RMS at the end", f"hidden state, lr {shared:g}", log=True),
+                                    "decoder last-layer RMS at the end", f"hidden state, lr {shared:g}",
+                                    log=True),
                         args.out, "atlas_growth", f"{base}; RMS = sqrt(E|h|^2/d) at the last tracked update "
                         "(norms.csv); bar = 95% t-interval (n >= 2)")
     return cks, paths, plan_note
