@@ -47,7 +47,8 @@ def atlas_run(root: Path, placement: str, lr: float, warmup: int, seed: int, sta
 
 
 LRS = (1e-3, 2e-3, 4e-3)
-FIRST_ATLAS = ("atlas_grid_range", "atlas_peri_", "atlas_dt_", "atlas_post_ln_no_warmup_first", "atlas_hidden_growth")
+FIRST_ATLAS = ("atlas_grid_range", "atlas_peri_", "atlas_dt_", "atlas_post_ln_no_warmup_first",
+               "atlas_hidden_growth")  # the checks of the first atlas (4 placements, one depth)
 
 
 def write_grid(root: Path, peri_fails_at: float | None = None, pre_nan: bool = True) -> None:
