@@ -651,10 +651,10 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     paths += style.save(Z.draw_bars(loss_rows, ordered, depths, warmups, "mean_valid_loss", "ci_low",
                                     "ci_high",
                                     "final valid loss (bits/token)", f"loss at lr {shared:g}"), args.out,
-                        "atlas_loss", f"{base}; mean over seeds, bar = 95% t-interval (n >= 2)")
+                        "atlas_loss", f"{base}; mean over seeds, line = 95% t-interval (n >= 2)")
     paths += style.save(Z.draw_bars(growth_bars, ordered, depths, warmups, "mean", "low", "high",
                                     "decoder last-layer RMS at the end", f"hidden state, lr {shared:g}",
                                     log=True),
                         args.out, "atlas_growth", f"{base}; RMS = sqrt(E|h|^2/d) at the last tracked update "
-                        "(norms.csv); bar = 95% t-interval (n >= 2)")
+                        "(norms.csv); line = 95% t-interval (n >= 2)")
     return cks, paths, plan_note

@@ -474,7 +474,7 @@ def draw_maps(
 
     fig.legend(
         handles=[Patch(color=style.OUTCOME_COLORS[k], label=k) for k in ("trained", "failed", "not run")],
-        loc="outside lower center",
+        loc="outside upper center",
         ncol=3,
         fontsize=7,
     )
@@ -520,7 +520,8 @@ def draw_lr(
         ax.minorticks_off()
         ax.set_xlim(floor / 1.4, lrs[-1] * 1.4)
         ax.set_yticks(range(len(schemes)), [_label(s) for s in schemes], fontsize=6.5)
-        ax.invert_yaxis()
+        if ax is axes[0, 0]:  # the axes share y: invert it once
+            ax.invert_yaxis()
         ax.set(title=f"depth {d}+{d}: largest stable lr", xlabel="peak lr")
     from matplotlib.lines import Line2D
 
@@ -533,7 +534,7 @@ def draw_lr(
                 [], [], marker="o", ls="none", color="0.3", mfc="white", label="not bracketed (cells not run)"
             ),
         ],
-        loc="outside lower center",
+        loc="outside upper center",
         ncol=4,
         fontsize=6.5,
     )
@@ -570,30 +571,26 @@ def draw_bars(
                 if r is None or r[value] is None or not math.isfinite(r[value]):
                     continue
                 off = (k - (len(warmups) - 1) / 2) * 0.35
-                ax.barh(
-                    y + off,
-                    r[value],
-                    0.33,
-                    color=_colour(s),
-                    alpha=1.0 if k == 0 else 0.5,
-                    hatch="" if k == 0 else "//",
-                    edgecolor="white",
+                # dots, not bars from 0: the differences that matter are tenths of a bit
+                ax.plot(
+                    [r[value]], [y + off], marker="o" if k == 0 else "s", ms=4.5, color=_colour(s), ls="none"
                 )
                 if low and r.get(low) is not None and math.isfinite(r[low]):
                     ax.plot([r[low], r[high]], [y + off] * 2, color="black", lw=0.8)
         ax.set_yticks(range(len(schemes)), [_label(s) for s in schemes], fontsize=6.5)
-        ax.invert_yaxis()
+        if ax is axes[0, 0]:  # the axes share y: invert it once
+            ax.invert_yaxis()
         if log:
             ax.set_xscale("log")
         ax.set(title=f"depth {d}+{d}: {title}", xlabel=xlabel)
-    from matplotlib.patches import Patch
+    from matplotlib.lines import Line2D
 
     fig.legend(
         handles=[
-            Patch(color="0.4", label=f"warm-up {warmups[0]}"),
-            Patch(color="0.4", alpha=0.5, hatch="//", label=f"warm-up {warmups[-1]}"),
+            Line2D([], [], marker="o", ls="none", color="0.3", label=f"warm-up {warmups[0]}"),
+            Line2D([], [], marker="s", ls="none", color="0.3", label=f"warm-up {warmups[-1]}"),
         ],
-        loc="outside lower center",
+        loc="outside upper center",
         ncol=2,
         fontsize=6.5,
     )
