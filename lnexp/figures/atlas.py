@@ -527,7 +527,7 @@ def main(argv: list[str]) -> int:
                         f"{'' if args.scale == 'mini' else ' SCALE=' + args.scale}` first")
     # the 2020 placements at the mini depth with LayerNorm: the Peri-LN / dt claims, as before
     legacy = [r for r in runs if atlas_zoo.depth_of(r) == 6 and atlas_zoo.scheme_of(r) in LEGACY_PLACEMENTS]
-    grid = cells(legacy or runs)
+    grid = cells(legacy)  # empty when the zoo's runs have none of them yet: no first-atlas figures
     lrs = sorted({k[1] for k in grid})
     warmups = sorted({k[2] for k in grid if k[3] == 1.0})
     norm_rows: list[dict[str, Any]] = []
@@ -537,7 +537,7 @@ def main(argv: list[str]) -> int:
         norm_rows += rows
         if rows and outcome(r) == "trained" and _key(r)[3] == 1.0 and _key(r)[0] in DT_PLACEMENTS:
             norms_by_p[_key(r)[0]].append(rows)
-    cks = checks(grid, warmups, norms_by_p)
+    cks = checks(grid, warmups, norms_by_p) if grid else []
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "atlas.csv", RUN_FIELDS, [run_row(r) for r in runs])
     write_csv(args.out / "atlas_summary.csv", CELL_FIELDS, [c.row() for c in grid.values()])
@@ -547,11 +547,13 @@ def main(argv: list[str]) -> int:
     note = (f"scale={args.scale}; {len(runs)} runs ({tally}); "
             "cell: final valid loss (bits/token), mean ± half the range over seeds; "
             "xx = NaN/inf, /// = still on the unigram plateau")
-    paths = style.save(draw_heatmaps(grid, lrs, warmups), args.out, "atlas", note)
-    paths += style.save(draw_stability(grid, lrs, warmups, norm_rows), args.out, "atlas_stability",
-                        f"scale={args.scale}; stable = every seed trained (no plateau, no NaN/inf); "
-                        "'?' = cells not run or unfinished before the first failure; "
-                        "RMS = sqrt(E|h|^2/d), norms.csv")
+    paths = []
+    if grid:
+        paths += style.save(draw_heatmaps(grid, lrs, warmups), args.out, "atlas", note)
+        paths += style.save(draw_stability(grid, lrs, warmups, norm_rows), args.out, "atlas_stability",
+                            f"scale={args.scale}; stable = every seed trained (no plateau, no NaN/inf); "
+                            "'?' = cells not run or unfinished before the first failure; "
+                            "RMS = sqrt(E|h|^2/d), norms.csv")
     zoo_cks, zoo_paths, plan_note = zoo_outputs(runs, args)
     cks += zoo_cks
     paths += zoo_paths
@@ -576,6 +578,7 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     import json
 
     from lnexp.atlas.grid import read_grid
+    from lnexp.config import CONFIG_DIR
     from lnexp.figures import style
 
     Z = atlas_zoo
@@ -591,6 +594,11 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     placements = {}
     for r in runs:
         placements.setdefault(str(r.get("placement.name")), r.get("placement") or {})
+    for p in ("rezero", "t_fixup"):  # their norm switches, from the configs when not run yet
+        if p not in placements and (CONFIG_DIR / "placement" / f"{p}.yaml").is_file():
+            from omegaconf import OmegaConf
+
+            placements[p] = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "placement" / f"{p}.yaml"))
     lr_rows = []
     for s in schemes_found:
         for d in depths:
