@@ -200,3 +200,14 @@ def test_figure_draws_the_zoo_and_checks_the_claims(tmp_path):
     )
     assert rows[("post_ln", "6", "0")]["largest_stable_lr"] == "0.001"
     assert not math.isnan(float(rows[("b2t", "6", "0")]["largest_stable_lr"]))
+
+
+def test_driver_does_not_retry_a_failing_run_in_a_loop(tmp_path):
+    root, log = tmp_path / "runs", []
+
+    def crashing(ovr: list[str]) -> float:  # the run fails: no finished run folder appears
+        log.append(tuple(ovr))
+        return 1.0
+
+    plan = driver.run_atlas(root, "mini", 1e9, 2, crashing, GRID, log=lambda s: None, kinds=FEW[:1])
+    assert plan["stopped"].startswith("done") and len(log) == len(set(log)) <= 4 + 2 * 2

@@ -205,6 +205,8 @@ def run_atlas(
     def remaining() -> float:
         return budget_s - FIGURE_RESERVE_S - state["spent_s"]
 
+    tried: set[Cell] = set()
+
     def run_round(cells: list[Cell]) -> bool:
         """Launch the cells that fit; False when the budget cut some."""
         k = fits([cost(c) for c in cells], jobs, remaining())
@@ -212,6 +214,7 @@ def run_atlas(
             plan["not_run"].append(_cell_doc(c, grid))
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             t_round = time.monotonic()
+            tried.update(cells[:k])
             futures = {pool.submit(launch, overrides(c, grid, scale)): c for c in cells[:k]}
             try:
                 pending = set(futures)
@@ -247,7 +250,9 @@ def run_atlas(
         plan["stopped"] = f"budget: the claims' cells did not fit in {remaining():.0f} s"
     for name, arms, seeds in phases(grid, kinds) if ok else []:
         while ok:
-            cells = next_cells(arms, len(grid.lrs), grid.shared, seen_outcomes(), seeds)
+            # a cell tried once in this session and still unfinished (the run failed) is not retried
+            # now: it is what a rerun retries, and it cannot hold the rounds in a loop
+            cells = next_cells(arms, len(grid.lrs), grid.shared, seen_outcomes(), seeds, pending=tried)
             if not cells:
                 break
             log(f"lnexp atlas: {name}: {len(cells)} cells; {remaining() / 60:.1f} min of the budget left")
