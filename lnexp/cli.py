@@ -8,6 +8,7 @@
     lnexp translate RUN                    stdin sentences -> translations on stdout
     lnexp plot RUN ... --out FILE          any runs' curves in one figure
     lnexp figure NAME [options]            a paper figure or the report (lnexp figure --help lists them)
+    lnexp atlas [--scale S] [--budget-min M] the zoo atlas's runs, chosen adaptively (docs/atlas.md)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ COMMANDS = {
     "translate": ("lnexp.evaluation.translate", "translate stdin with a run's model"),
     "plot": ("lnexp.figures.plot", "any runs' curves in one figure (PNG and PDF)"),
     "figure": ("lnexp.figures.cli", "draw a paper figure from finished runs"),
+    "atlas": ("lnexp.atlas.driver", "the zoo atlas: adaptive rounds of runs within a time budget"),
 }
 
 

@@ -128,5 +128,5 @@ def test_train_help_shows_each_keys_comment_and_the_allowed_values(capsys):
     assert len(commented) > 20 and all(f"  {ln}" in out.splitlines() for ln in commented)
     allowed = next(ln for ln in out.splitlines() if ln.startswith("Allowed values: "))
     assert all(v in allowed for v in (*NORMS, *PRECISIONS, "auto | cpu | cuda"))
-    assert "6* 8 10 12 14 (any depth=N (N >= 1) works" in out  # not only the five files
+    assert "6* 8 10 12 14 18 24 (any depth=N (N >= 1) works" in out  # not only these files
     assert "post_ln*" in out and "multi30k*" in out and "    fig2_mini " in out

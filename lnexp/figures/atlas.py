@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from lnexp.figures import atlas_zoo
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
 from lnexp.figures.figure import Figure
@@ -33,6 +34,9 @@ from lnexp.rundir import run_paths
 
 OUTCOMES = ("trained", "plateau", "diverged", "missing")
 DT_PLACEMENTS = ("pre_ln", "peri_ln")  # the placements with a dt column
+# the first atlas's placements (its heatmaps and Peri-LN / dt claims)
+LEGACY_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln", "deepnorm")
+ZOO_FIGURES = ("atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth")
 RUN_FIELDS = ("experiment", "run", "placement", "lr", "warmup", "residual_scale", "seed", "status",
               "outcome", "diverged_update", "diverged_reason", "updates", "final_valid_loss",
               "final_valid_nll_loss", "final_valid_bleu")
@@ -45,7 +49,8 @@ NORM_FIELDS = ("run", "placement", "lr", "warmup", "residual_scale", "seed", "up
 FIGURE = Figure(
     "atlas", "stability atlas: placement x peak lr x warm-up (x dt), trained/stalled/diverged",
     "Stability atlas: placement x peak lr x warm-up x dt (Kim et al. 2025, Kan et al. 2025)", order=5,
-    experiments=lambda scale: [f"atlas_{scale}", f"atlas_dt_{scale}"], images=("atlas_stability",),
+    experiments=lambda scale: [f"atlas_{scale}", f"atlas_dt_{scale}"],
+    images=("atlas_stability", "atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth"),
     summary_columns=("placement", "lr", "warmup", "residual_scale", "seeds", "trained", "plateau", "diverged",
                      "missing", "mean_valid_loss", "spread_valid_loss", "stable"))
 
@@ -520,17 +525,19 @@ def main(argv: list[str]) -> int:
     if not runs:
         raise UserError(f"no runs of experiment={exps[0]} under {args.runs_root}: run `make atlas"
                         f"{'' if args.scale == 'mini' else ' SCALE=' + args.scale}` first")
-    grid = cells(runs)
+    # the 2020 placements at the mini depth with LayerNorm: the Peri-LN / dt claims, as before
+    legacy = [r for r in runs if atlas_zoo.depth_of(r) == 6 and atlas_zoo.scheme_of(r) in LEGACY_PLACEMENTS]
+    grid = cells(legacy)  # empty when the zoo's runs have none of them yet: no first-atlas figures
     lrs = sorted({k[1] for k in grid})
     warmups = sorted({k[2] for k in grid if k[3] == 1.0})
     norm_rows: list[dict[str, Any]] = []
     norms_by_p: dict[str, list[list[dict]]] = defaultdict(list)
-    for r in runs:
+    for r in legacy:
         rows = final_norms(r)
         norm_rows += rows
         if rows and outcome(r) == "trained" and _key(r)[3] == 1.0 and _key(r)[0] in DT_PLACEMENTS:
             norms_by_p[_key(r)[0]].append(rows)
-    cks = checks(grid, warmups, norms_by_p)
+    cks = checks(grid, warmups, norms_by_p) if grid else []
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "atlas.csv", RUN_FIELDS, [run_row(r) for r in runs])
     write_csv(args.out / "atlas_summary.csv", CELL_FIELDS, [c.row() for c in grid.values()])
@@ -540,11 +547,16 @@ def main(argv: list[str]) -> int:
     note = (f"scale={args.scale}; {len(runs)} runs ({tally}); "
             "cell: final valid loss (bits/token), mean ± half the range over seeds; "
             "xx = NaN/inf, /// = still on the unigram plateau")
-    paths = style.save(draw_heatmaps(grid, lrs, warmups), args.out, "atlas", note)
-    paths += style.save(draw_stability(grid, lrs, warmups, norm_rows), args.out, "atlas_stability",
-                        f"scale={args.scale}; stable = every seed trained (no plateau, no NaN/inf); "
-                        "'?' = cells not run or unfinished before the first failure; "
-                        "RMS = sqrt(E|h|^2/d), norms.csv")
+    paths = []
+    if grid:
+        paths += style.save(draw_heatmaps(grid, lrs, warmups), args.out, "atlas", note)
+        paths += style.save(draw_stability(grid, lrs, warmups, norm_rows), args.out, "atlas_stability",
+                            f"scale={args.scale}; stable = every seed trained (no plateau, no NaN/inf); "
+                            "'?' = cells not run or unfinished before the first failure; "
+                            "RMS = sqrt(E|h|^2/d), norms.csv")
+    zoo_cks, zoo_paths, plan_note = zoo_outputs(runs, args)
+    cks += zoo_cks
+    paths += zoo_paths
     claims = [c for c in cks if c.id != "atlas_grid_range"]
     supported = [c for c in claims if c.holds is True]
     write_checks(args.out, "atlas", args.scale, cks, {
@@ -552,8 +564,105 @@ def main(argv: list[str]) -> int:
         "claims_supported": f"{len(supported)} of {len(claims)}",
         "max_update": sorted({r.get("max_update") for r in runs}, key=str),
         "schedule": sorted({str(r.get("schedule.name")) for r in runs}),
-        "stable_means": "every seed of the cell trained: no NaN/inf, not on the unigram plateau"})
+        "stable_means": "every seed of the cell trained: no NaN/inf, not on the unigram plateau",
+        "plan": plan_note})
     R.print_outputs(cks, paths, args.out, ("atlas.csv", "atlas_summary.csv", "atlas_norms.csv",
-                                          "atlas_checks.json"),
+                                          *(f"{n}.csv" for n in ZOO_FIGURES), "atlas_checks.json"),
                    marks=("supported", "NOT supported", "undecided (not measured, or beyond the grid)"))
     return 0
+
+
+def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
+    """The zoo's four figures, their CSVs and checks (lnexp/figures/atlas_zoo.py); the note says
+    which cells the budget left out (runs_root/atlas_plan.json of lnexp atlas)."""
+    import json
+
+    from lnexp.atlas.grid import read_grid
+    from lnexp.config import CONFIG_DIR
+    from lnexp.figures import style
+
+    Z = atlas_zoo
+    zgrid = Z.zoo_cells(runs)
+    lrs = sorted({k[3] for k in zgrid})
+    depths = sorted({k[1] for k in zgrid})
+    warmups = sorted({k[2] for k in zgrid})
+    try:
+        shared = read_grid(args.scale).shared_lr
+    except Exception:  # a scale without the grid: the second lr run
+        shared = lrs[min(1, len(lrs) - 1)]
+    schemes_found = sorted({k[0] for k in zgrid})
+    placements = {}
+    for r in runs:
+        placements.setdefault(str(r.get("placement.name")), r.get("placement") or {})
+    for p in ("rezero", "t_fixup"):  # their norm switches, from the configs when not run yet
+        if p not in placements and (CONFIG_DIR / "placement" / f"{p}.yaml").is_file():
+            from omegaconf import OmegaConf
+
+            placements[p] = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "placement" / f"{p}.yaml"))
+    lr_rows = []
+    for s in schemes_found:
+        for d in depths:
+            for w in warmups:
+                if not any(k[:3] == (s, d, w) for k in zgrid):
+                    continue
+                b = Z.largest_stable(zgrid, lrs, s, d, w)
+                lr_rows.append({"scheme": s, "depth": d, "warmup": w, "largest_stable_lr": b["lr"],
+                                "top": b["top"],
+                                "known": b["known"], "first_failing_lr": b["first_fail"]})
+    ordered = Z.order(schemes_found, lr_rows, min(depths))
+    map_rows = [{"scheme": k[0], "depth": k[1], "warmup": k[2], "lr": k[3], "seeds": len(c.runs),
+                 **{o: c.outcomes().count(o) for o in ("trained", "plateau", "diverged")}, "stable": c.stable,
+                 "mean_valid_loss": R._r(sum(c.losses()) / len(c.losses()) if c.losses() else math.nan)}
+                for k, c in zgrid.items()]
+    loss_rows, growth_rows = [], []
+    for (s, d, w, lr), c in zgrid.items():
+        if lr == shared:
+            m = Z.summarise(c.losses())
+            loss_rows.append({"scheme": s, "depth": d, "warmup": w, "lr": lr, "n": m.n,
+                              "mean_valid_loss": R._r(m.mean), "ci_low": R._r(m.low), "ci_high": R._r(m.high),
+                              "std": R._r(m.std)})
+        for r in c.runs:
+            for side, v in Z.norms_of(r).items():
+                growth_rows.append({"scheme": s, "depth": d, "warmup": w, "lr": lr, "seed": r.get("seed"),
+                                    "side": side, "first_layer_rms": R._r(v["first"]),
+                                    "last_layer_rms": R._r(v["last"]), "deep_ffn_grad_norm": R._r(v["grad"])})
+    plan = {}
+    try:
+        plan = json.loads((args.runs_root / "atlas_plan.json").read_text())
+    except (OSError, ValueError):
+        pass
+    not_run = plan.get("not_run", [])
+    plan_note = (f"lnexp atlas stopped: {plan.get('stopped')}; {len(not_run)} cells of its last round not run"
+                 if plan else "no atlas_plan.json (cells not chosen by lnexp atlas)")
+    cks = Z.zoo_checks(zgrid, lrs, shared, depths, warmups, placements)
+    write_csv(args.out / "atlas_maps.csv", Z.MAP_FIELDS, map_rows)
+    write_csv(args.out / "atlas_lr.csv", Z.LR_FIELDS, lr_rows)
+    write_csv(args.out / "atlas_loss.csv", Z.LOSS_FIELDS, loss_rows)
+    write_csv(args.out / "atlas_growth.csv", Z.GROWTH_FIELDS, growth_rows)
+    grey = sum(1 for s in ordered for d in depths for w in warmups for lr in lrs
+               if (s, d, w, lr) not in zgrid)
+    base = f"scale={args.scale}; {len(ordered)} schemes, sorted by largest stable lr at depth {min(depths)}"
+    paths = style.save(Z.draw_maps(zgrid, ordered, lrs, depths, warmups), args.out, "atlas_maps",
+                       f"{base}; grey = not run ({grey} cells); number = seeds when > 1; {plan_note}")
+    paths += style.save(Z.draw_lr(lr_rows, ordered, lrs, depths, warmups), args.out, "atlas_lr",
+                        f"{base}; stable = every seed trained; open = boundary not bracketed (cells not run)")
+    last = [dict(g, value=g["last_layer_rms"]) for g in growth_rows
+            if g["lr"] == shared and g["side"] == "decoder"]
+    agg: dict[tuple, list[float]] = defaultdict(list)
+    for g in last:
+        agg[(g["scheme"], g["depth"], g["warmup"])].append(g["value"])
+    growth_bars = []
+    for (s, d, w), v in agg.items():
+        m = Z.summarise(v)
+        growth_bars.append({"scheme": s, "depth": d, "warmup": w, "mean": m.mean,
+                            "low": m.low if m.n > 1 else None, "high": m.high if m.n > 1 else None})
+    paths += style.save(Z.draw_bars(loss_rows, ordered, depths, warmups, "mean_valid_loss", "ci_low",
+                                    "ci_high",
+                                    "final valid loss (bits/token)", f"loss at lr {shared:g}"), args.out,
+                        "atlas_loss", f"{base}; mean over seeds, line = 95% t-interval (n >= 2)")
+    paths += style.save(Z.draw_bars(growth_bars, ordered, depths, warmups, "mean", "low", "high",
+                                    "decoder last-layer RMS at the end", f"hidden state, lr {shared:g}",
+                                    log=True),
+                        args.out, "atlas_growth", f"{base}; RMS = sqrt(E|h|^2/d) at the last tracked update "
+                        "(norms.csv); line = 95% t-interval (n >= 2)")
+    return cks, paths, plan_note

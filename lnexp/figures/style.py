@@ -13,6 +13,8 @@ LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepn
           "mix_ln": "Mix-LN",
           "normformer": "NormFormer", "olmo2": "OLMo-2", "qk_norm": "QK-norm", "rezero": "ReZero",
           "resi_dual": "ResiDual", "sandwich_ln": "Sandwich-LN", "sub_ln": "Sub-LN", "t_fixup": "T-Fixup"}
+# The atlas's stability maps: a cell where every seed trained, one where a seed failed, one not run
+OUTCOME_COLORS = {"trained": "#4daf4a", "failed": "#e41a1c", "not run": "#dddddd"}
 
 
 def _zoo_styles() -> None:

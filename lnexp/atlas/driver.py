@@ -1,0 +1,343 @@
+"""``lnexp atlas``: the zoo atlas, trained adaptively in rounds within a time budget.
+
+Why a driver and not a Hydra Sweeper plugin: Hydra instantiates sweepers only from the
+``hydra_plugins`` namespace package, a top-level package this repository's fixed layout has no room
+for. So the choice of cells lives in :mod:`lnexp.atlas.plan` (pure, unit-tested) and each chosen
+cell is one ``lnexp train`` run of ``experiment=atlas_SCALE`` (its folder, resume and skip-if-finished
+are lnexp train's own), ``--jobs`` at a time. The full grid without adaptivity is Hydra's own
+multirun (``--full`` prints the commands; Hydra's joblib or submitit launcher runs them).
+
+The grid (lrs, warm-ups, depths, seeds) is the experiment's ``hydra.sweeper.params``; the schemes are
+every configs/placement/*.yaml with norm=layernorm, and DYT_PLACEMENTS with norm=dyt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+
+from lnexp.atlas.grid import Grid, experiment_name, read_grid
+from lnexp.atlas.plan import Arm, Cell, Scheme, fits, next_cells
+from lnexp.errors import UserError
+
+DYT_PLACEMENTS = ("pre_ln", "post_ln")  # norm=dyt cells: DyT against LayerNorm in the same placement
+# Seconds per run, two jobs of one thread each on 2 idle cores, before any run of this atlas has
+# been timed (docs/atlas.md, Calibration); measured runs replace them (the slowest, +10%).
+DEFAULT_COST_S = {"mini": {6: 100.0, 18: 330.0}, "paper": {6: 3600.0, 18: 9000.0}}
+FIGURE_RESERVE_S = 60.0  # kept back for lnexp figure atlas at the end
+STATE_FILE = "atlas_state.json"  # in runs_root: time spent so far (a resumed atlas spends the rest)
+PLAN_FILE = "atlas_plan.json"  # in runs_root: cells launched, and the ones the budget left out
+
+
+def schemes() -> list[Scheme]:
+    from lnexp.names import PLACEMENTS
+
+    return [Scheme(p) for p in PLACEMENTS] + [Scheme(p, "dyt") for p in DYT_PLACEMENTS if p in PLACEMENTS]
+
+
+def claim_cells(grid: Grid) -> list[Cell]:
+    """The cells the papers' claims need, first in the queue so that a short budget still decides them:
+    deep Post-LN vs Admin, DeepNorm, B2T (with warm-up); deep Pre-LN vs LayerNorm Scaling and Mix-LN
+    (hidden states, gradients; no warm-up); DyT vs LayerNorm; the last two on two seeds (t-intervals)."""
+    from lnexp.names import PLACEMENTS
+
+    deep, shallow, s = max(grid.depths), min(grid.depths), grid.shared
+    w_on, w_off = max(grid.warmups), min(grid.warmups)
+    out = []
+    if deep != shallow:
+        out += [
+            Cell(Arm(Scheme(p), w_on, deep), s, grid.seeds[0])
+            for p in ("post_ln", "admin", "deepnorm", "b2t")
+            if p in PLACEMENTS
+        ]
+        out += [
+            Cell(Arm(Scheme(p), w_off, deep), s, seed)
+            for p in ("pre_ln", "ln_scaling", "mix_ln")
+            if p in PLACEMENTS
+            for seed in grid.seeds[:2]
+        ]
+    out += [
+        Cell(Arm(Scheme(p, n), w, shallow), s, seed)
+        for p in DYT_PLACEMENTS
+        if p in PLACEMENTS
+        for n in ("layernorm", "dyt")
+        for w in grid.warmups
+        for seed in grid.seeds[:2]
+    ]
+    return out
+
+
+def phases(grid: Grid, kinds: list[Scheme]) -> list[tuple[str, list[Arm], tuple[int, ...]]]:
+    """Rounds run phase by phase: the shallow bisection (first seed), the shallow boundaries' other
+    seeds, then the deep bisection and its boundaries."""
+    shallow, deeper = min(grid.depths), sorted(set(grid.depths) - {min(grid.depths)})
+    arms = lambda d: [Arm(sc, w, d) for sc in kinds for w in grid.warmups]  # noqa: E731
+    out = [
+        ("shallow bisection", arms(shallow), grid.seeds[:1]),
+        ("shallow boundary seeds", arms(shallow), grid.seeds),
+    ]
+    for d in deeper:
+        out += [
+            (f"depth {d} bisection", arms(d), grid.seeds[:1]),
+            (f"depth {d} boundary seeds", arms(d), grid.seeds),
+        ]
+    return out
+
+
+def overrides(cell: Cell, grid: Grid, scale: str) -> list[str]:
+    a = cell.arm
+    return [
+        f"experiment={experiment_name(scale)}",
+        f"placement={a.scheme.placement}",
+        f"norm={a.scheme.norm}",
+        f"depth={a.depth}",
+        f"lr={grid.lrs[cell.lr_index]:g}",
+        f"warmup={a.warmup}",
+        f"seed={cell.seed}",
+    ]
+
+
+class SeenRuns:
+    """Finished runs of the atlas's experiment under ``runs_root``: (arm, lr index) -> {seed: outcome}.
+    A finished run does not change, so each folder is read once (reading a run costs ~15 ms)."""
+
+    def __init__(self, runs_root: Path, grid: Grid, scale: str) -> None:
+        self.root, self.grid, self.experiment = runs_root, grid, experiment_name(scale)
+        self.final: dict[Path, tuple[tuple[Arm, int], int, str] | None] = {}
+
+    def __call__(self) -> dict[tuple[Arm, int], dict[int, str]]:
+        from lnexp.figures.atlas import outcome
+        from lnexp.results import find_run_dirs, load_run
+
+        seen: dict[tuple[Arm, int], dict[int, str]] = {}
+        for d in find_run_dirs(self.root) if self.root.is_dir() else []:
+            if d not in self.final:
+                run = load_run(d, self.root)
+                o = outcome(run)
+                lr = float(run.get("lr", math.nan))
+                idx = [i for i, x in enumerate(self.grid.lrs) if math.isclose(x, lr, rel_tol=1e-6)]
+                if o == "missing":
+                    continue  # not finished: read again next round
+                self.final[d] = None
+                if run.experiment == self.experiment and idx:
+                    arm = Arm(
+                        Scheme(str(run.get("placement.name")), str(run.get("norm.name", "layernorm"))),
+                        int(run.get("warmup")),
+                        int(run.get("depth.encoder_layers") or 6),
+                    )
+                    self.final[d] = ((arm, idx[0]), int(run.get("seed")), o)
+            if self.final[d] is not None:
+                key, seed, o = self.final[d]
+                seen.setdefault(key, {})[seed] = o
+        return seen
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+Launch = Callable[[list[str]], float]  # overrides -> seconds the run took
+
+
+def launch_subprocess(extra: list[str]) -> Launch:
+    def launch(ovr: list[str]) -> float:
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "lnexp", "train", *ovr, *extra], check=False)
+        return time.monotonic() - t0
+
+    return launch
+
+
+def run_atlas(
+    runs_root: Path,
+    scale: str,
+    budget_s: float,
+    jobs: int,
+    launch: Launch,
+    grid: Grid | None = None,
+    log: Callable[[str], None] = print,
+    kinds: list[Scheme] | None = None,
+) -> dict:
+    """Rounds of cells until every phase is done or the budget cannot hold the next cell; returns the
+    plan (also written to runs_root/atlas_plan.json). ``kinds``: the schemes (default: all)."""
+    grid = grid or read_grid(scale)
+    kinds = kinds or schemes()
+    runs_root.mkdir(parents=True, exist_ok=True)
+    state_path, plan_path = runs_root / STATE_FILE, runs_root / PLAN_FILE
+    state = _read(state_path)
+    state.setdefault("spent_s", 0.0)
+    state.setdefault("costs", {})
+    plan = {
+        "scale": scale,
+        "budget_s": budget_s,
+        "jobs": jobs,
+        "lrs": grid.lrs,
+        "shared_lr": grid.shared_lr,
+        "launched": [],
+        "not_run": [],
+        "stopped": None,
+    }
+
+    def cost(cell: Cell) -> float:
+        measured = state["costs"].get(str(cell.arm.depth))
+        if measured:
+            return 1.1 * max(measured)
+        table = DEFAULT_COST_S.get(scale, DEFAULT_COST_S["paper"])
+        return table.get(cell.arm.depth, max(table.values()) * cell.arm.depth / max(table))
+
+    def remaining() -> float:
+        return budget_s - FIGURE_RESERVE_S - state["spent_s"]
+
+    tried: set[Cell] = set()
+
+    def run_round(cells: list[Cell]) -> bool:
+        """Launch the cells that fit; False when the budget cut some."""
+        k = fits([cost(c) for c in cells], jobs, remaining())
+        for c in cells[k:]:
+            plan["not_run"].append(_cell_doc(c, grid))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            t_round = time.monotonic()
+            tried.update(cells[:k])
+            futures = {pool.submit(launch, overrides(c, grid, scale)): c for c in cells[:k]}
+            try:
+                pending = set(futures)
+                while pending:
+                    done, pending = wait(pending, timeout=30, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        c = futures[f]
+                        state["costs"].setdefault(str(c.arm.depth), []).append(round(f.result(), 1))
+                        plan["launched"].append(_cell_doc(c, grid))
+                    now = time.monotonic()
+                    state["spent_s"] += now - t_round  # wall time, counted as it passes
+                    t_round = now
+                    _write(state_path, state)
+            finally:
+                _write(state_path, state)
+                _write(plan_path, plan)
+        return k == len(cells)
+
+    seen_outcomes = SeenRuns(runs_root, grid, scale)
+    seen = seen_outcomes()
+    first = [
+        c
+        for c in claim_cells(grid)
+        if c.arm.scheme in kinds and c.seed not in seen.get((c.arm, c.lr_index), {})
+    ]
+    log(
+        f"lnexp atlas: {len(kinds)} schemes, lrs {', '.join(f'{x:g}' for x in grid.lrs)}, warm-up "
+        f"{grid.warmups}, depth {grid.depths}; budget {budget_s / 60:.0f} min, {state['spent_s'] / 60:.1f} "
+        f"spent, {jobs} jobs"
+    )
+    ok = run_round(first) if first else True
+    if not ok:
+        plan["stopped"] = f"budget: the claims' cells did not fit in {remaining():.0f} s"
+    for name, arms, seeds in phases(grid, kinds) if ok else []:
+        while ok:
+            # a cell tried once in this session and still unfinished (the run failed) is not retried
+            # now: it is what a rerun retries, and it cannot hold the rounds in a loop
+            cells = next_cells(arms, len(grid.lrs), grid.shared, seen_outcomes(), seeds, pending=tried)
+            if not cells:
+                break
+            log(f"lnexp atlas: {name}: {len(cells)} cells; {remaining() / 60:.1f} min of the budget left")
+            ok = run_round(cells)
+        if not ok:
+            plan["stopped"] = f"budget: the next cells of '{name}' did not fit in {remaining():.0f} s"
+            break
+    if ok:
+        plan["stopped"] = "done: every phase finished"
+    log(f"lnexp atlas: {plan['stopped']}; {len(plan['not_run'])} cells of the last round not run")
+    _write(plan_path, plan)
+    return plan
+
+
+def _cell_doc(c: Cell, grid: Grid) -> dict:
+    return {
+        "scheme": c.arm.scheme.label,
+        "placement": c.arm.scheme.placement,
+        "norm": c.arm.scheme.norm,
+        "warmup": c.arm.warmup,
+        "depth": c.arm.depth,
+        "lr": grid.lrs[c.lr_index],
+        "seed": c.seed,
+    }
+
+
+def full_grid_commands(scale: str, grid: Grid) -> list[str]:
+    """The whole grid as Hydra multiruns (``lnexp train -m``), for GPUs: no adaptivity, no budget."""
+    from lnexp.names import PLACEMENTS
+
+    common = (
+        f"experiment={experiment_name(scale)} lr={','.join(f'{x:g}' for x in grid.lrs)} "
+        f"warmup={','.join(map(str, grid.warmups))} depth={','.join(map(str, grid.depths))} "
+        f"seed={','.join(map(str, grid.seeds))}"
+    )
+    return [
+        f"lnexp train -m {common} placement={','.join(PLACEMENTS)} norm=layernorm",
+        f"lnexp train -m {common} placement={','.join(DYT_PLACEMENTS)} norm=dyt",
+    ]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="lnexp atlas",
+        description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen "
+        "adaptively (bisection for the largest stable lr, extra seeds at the boundary) within a time budget; "
+        "rerun to resume. Then: lnexp figure atlas --scale SCALE",
+    )
+    ap.add_argument("--scale", default="mini", help="mini (CPU) or paper (GPU): experiment=atlas_SCALE")
+    ap.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        help="minutes for all rounds (default: mini "
+        "105, other scales no limit); a resumed atlas spends what is left",
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=2, help="runs at once (default 2: two 1-thread jobs on 2 cores)"
+    )
+    ap.add_argument("--runs-root", type=Path, default=Path("runs"))
+    ap.add_argument(
+        "--shared-lr",
+        type=float,
+        default=None,
+        help="the lr every arm is tried at first (default: the grid's second lr)",
+    )
+    ap.add_argument(
+        "--full", action="store_true", help="print the full grid's lnexp train -m commands and exit"
+    )
+    ap.add_argument(
+        "overrides",
+        nargs="*",
+        help="more lnexp train overrides for every run (e.g. "
+        "hydra/launcher=basic is not needed; max_update=20 for a smoke test)",
+    )
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: give 1 or more")
+    grid = read_grid(args.scale, args.shared_lr)
+    if args.full:
+        print("\n".join(full_grid_commands(args.scale, grid)))
+        return 0
+    budget = (
+        args.budget_min if args.budget_min is not None else (105.0 if args.scale == "mini" else 1e9)
+    ) * 60
+    extra = [f"runs_root={args.runs_root}", *args.overrides]
+    run_atlas(args.runs_root, args.scale, budget, args.jobs, launch_subprocess(extra), grid)
+    return 0

@@ -1,0 +1,57 @@
+"""The atlas's grid (lrs, warm-ups, depths, seeds, shared lr), read from the sweeper params of
+configs/experiment/atlas_SCALE.yaml: one home for the driver and the figure."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from lnexp.errors import UserError
+
+
+@dataclass(frozen=True)
+class Grid:
+    lrs: tuple[float, ...]
+    warmups: tuple[int, ...]
+    depths: tuple[int, ...]
+    seeds: tuple[int, ...]
+    shared_lr: float
+
+    @property
+    def shared(self) -> int:
+        return self.lrs.index(self.shared_lr)
+
+
+def experiment_name(scale: str) -> str:
+    return f"atlas_{scale}"
+
+
+def _values(v: object) -> list[str]:
+    return [x.strip() for x in str(v).split(",") if x.strip()]
+
+
+def read_grid(scale: str, shared_lr: float | None = None) -> Grid:
+    """The grid from configs/experiment/atlas_SCALE.yaml's sweeper params."""
+    from omegaconf import OmegaConf
+
+    from lnexp.config import CONFIG_DIR
+
+    path = Path(CONFIG_DIR) / "experiment" / f"{experiment_name(scale)}.yaml"
+    if not path.is_file():
+        raise UserError(f"no {path}: use --scale mini, gpu or paper")
+    params = (
+        OmegaConf.to_container(OmegaConf.load(path)).get("hydra", {}).get("sweeper", {}).get("params", {})
+    )
+    lrs = tuple(sorted(float(x) for x in _values(params["lr"])))
+    shared = lrs[1] if shared_lr is None and len(lrs) > 1 else (shared_lr or lrs[0])
+    match = [lr for lr in lrs if math.isclose(lr, shared, rel_tol=1e-6)]
+    if not match:
+        raise UserError(f"--shared-lr {shared:g} is not on the grid ({', '.join(f'{x:g}' for x in lrs)})")
+    return Grid(
+        lrs,
+        tuple(int(x) for x in _values(params["warmup"])),
+        tuple(int(x) for x in _values(params.get("depth", "6"))),
+        tuple(int(x) for x in _values(params["seed"])),
+        match[0],
+    )

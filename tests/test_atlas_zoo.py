@@ -1,0 +1,213 @@
+"""The zoo atlas: the adaptive choice of cells (pure), the driver's rounds, resume and budget
+cut-off (with a launcher that writes run folders instead of training), and the figure + checks."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+from lnexp.atlas import driver
+from lnexp.atlas.grid import Grid
+from lnexp.atlas.plan import Arm, Cell, Scheme, bracket, fits, next_cells
+from tests.test_figures_fig2_fig4 import fake_run
+
+LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
+GRID = Grid(LRS, (0, 40), (6, 18), (1, 2), 1e-3)
+FEW = [Scheme("post_ln"), Scheme("pre_ln"), Scheme("pre_ln", "dyt")]
+CLAIMED = [
+    Scheme(p) for p in ("post_ln", "pre_ln", "deepnorm", "b2t", "ln_scaling", "mix_ln", "rezero", "t_fixup")
+]
+CLAIMED += [Scheme("pre_ln", "dyt"), Scheme("post_ln", "dyt")]
+PLATEAU = {"reason": "plateau: valid nll 8.10 bits >= unigram entropy 8.35 - 0.5", "update": 120, "epoch": 1}
+
+
+def bisect(limit: int, n: int = 5, shared: int = 1) -> tuple[list[int], tuple[int, int]]:
+    """Run the bisection of one arm against a monotone oracle (stable up to index ``limit``)."""
+    arm, seen, probes = Arm(Scheme("pre_ln"), 0, 6), {}, []
+    while cells := next_cells([arm], n, shared, seen, (1,)):
+        (c,) = cells
+        probes.append(c.lr_index)
+        seen[(arm, c.lr_index)] = {1: "trained" if c.lr_index <= limit else "plateau"}
+    return probes, bracket(arm, n, seen)
+
+
+def test_bisection_starts_at_the_shared_lr_and_brackets_the_limit():
+    for limit in range(-1, 5):
+        probes, (lo, hi) = bisect(limit)
+        assert probes[0] == 1 and len(probes) == len(set(probes)) <= 3
+        assert (lo, hi) == (limit, limit + 1)
+
+
+def test_boundary_gets_the_other_seeds_and_a_failing_seed_moves_it():
+    arm = Arm(Scheme("post_ln", "dyt"), 40, 18)
+    seen = {(arm, 1): {1: "trained"}, (arm, 2): {1: "plateau"}}
+    assert next_cells([arm], 5, 1, seen, (1, 2)) == [Cell(arm, 1, 2), Cell(arm, 2, 2)]
+    assert next_cells([arm], 5, 1, seen, (1, 2), pending={Cell(arm, 1, 2)}) == [Cell(arm, 2, 2)]
+    seen[(arm, 1)][2] = "diverged"  # seed 2 fails at the lower lr: the bisection goes on below it
+    assert next_cells([arm], 5, 1, seen, (1, 2)) == [Cell(arm, 0, 1)]
+
+
+def test_fits_schedules_the_prefix_on_the_jobs():
+    assert fits([100.0] * 10, 2, 500.0) == 10
+    assert fits([100.0] * 10, 2, 450.0) == 8
+    assert fits([300.0, 100.0, 100.0], 2, 250.0) == 0
+    assert fits([], 2, 0.0) == 0
+
+
+def fake_launcher(root: Path, limit: dict[tuple[str, int], float], log: list):
+    """Writes the run folder lnexp train would (trained below the scheme's limit lr, else plateau)."""
+
+    def launch(ovr: list[str]) -> float:
+        kv = dict(o.split("=", 1) for o in ovr)
+        p, norm, depth, lr = kv["placement"], kv["norm"], int(kv["depth"]), float(kv["lr"])
+        ok = lr <= limit.get((p if norm == "layernorm" else f"{p}+{norm}", depth), 2e-3) * 1.0001
+        log.append(tuple(ovr))
+        name = "_".join(o.replace("=", "-") for o in ovr)
+        fake_run(
+            root,
+            name,
+            kv["experiment"],
+            placement=p,
+            lr=lr,
+            warmup=int(kv["warmup"]),
+            seed=int(kv["seed"]),
+            valid=(6.5 if ok else 8.2,),
+            bleu=(2.0,),
+            status="done" if ok else "diverged",
+            diverged=None if ok else PLATEAU,
+            extra={
+                "norm": {"name": norm},
+                "depth": {"encoder_layers": depth, "decoder_layers": depth},
+                "residual_scale": 1.0,
+            },
+        )
+        return 100.0 * (3 if depth == 18 else 1)
+
+    return launch
+
+
+def test_driver_rounds_resume_and_budget(tmp_path):
+    root, log = tmp_path / "runs", []
+    launch = fake_launcher(root, {("post_ln", 18): 0.0}, log)
+    plan = driver.run_atlas(root, "mini", 1e9, 2, launch, GRID, log=lambda s: None, kinds=FEW)
+    assert plan["stopped"].startswith("done") and not plan["not_run"]
+    assert len(driver.schemes()) >= 17 and Scheme("post_ln", "dyt") in driver.schemes()
+    n_schemes = len(FEW)
+    assert "pre_ln+dyt" in {d["scheme"] for d in plan["launched"]}
+    # 2 warm-ups x 2 depths per scheme, each bisected (<= 3 probes) plus boundary seeds
+    assert len(log) < n_schemes * 4 * (3 + 4)
+    assert ("post_ln", 18, 40, 1e-3) in {
+        (d["placement"], d["depth"], d["warmup"], d["lr"]) for d in plan["launched"]
+    }
+    # resumed: every cell is finished, nothing is launched again
+    again: list = []
+    plan2 = driver.run_atlas(
+        root, "mini", 1e9, 2, fake_launcher(root, {}, again), GRID, log=lambda s: None, kinds=FEW
+    )
+    assert again == [] and plan2["stopped"].startswith("done")
+
+
+def test_driver_stops_launching_when_the_budget_cannot_hold_a_cell(tmp_path):
+    root, log = tmp_path / "runs", []
+    plan = driver.run_atlas(root, "mini", 1500.0, 2, fake_launcher(root, {}, log), GRID, log=lambda s: None)
+    # 1500 s - 60 s reserve on 2 jobs, first-guess costs 100 s (6 layers) / 330 s (18): the claim cells
+    # (7 deep, 16 shallow) cannot all fit
+    assert plan["stopped"].startswith("budget") and plan["not_run"]
+    assert 0 < len(log) < len(driver.claim_cells(GRID))
+    state = json.loads((root / "atlas_state.json").read_text())
+    assert state["costs"]  # the launcher's times replace the first guesses
+    assert json.loads((root / "atlas_plan.json").read_text())["not_run"] == plan["not_run"]
+
+
+def _norms(d: Path, depth: int, last_rms: float, grad: float) -> None:
+    fields = (
+        "update",
+        "side",
+        "layer",
+        "w1_grad_norm",
+        "w2_grad_norm",
+        "h_sq_norm_per_d",
+        "h_mean_abs",
+        "h_var",
+        "h_max_abs",
+    )
+    with open(d / "norms.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for side in ("encoder", "decoder"):
+            for layer in range(1, depth + 1):
+                rms = 1.0 + (last_rms - 1.0) * (layer - 1) / (depth - 1)
+                w.writerow(
+                    {
+                        "update": 120,
+                        "side": side,
+                        "layer": layer,
+                        "w1_grad_norm": grad,
+                        "w2_grad_norm": grad,
+                        "h_sq_norm_per_d": rms * rms,
+                        "h_mean_abs": rms,
+                        "h_var": rms * rms,
+                        "h_max_abs": 3 * rms,
+                    }
+                )
+
+
+def test_figure_draws_the_zoo_and_checks_the_claims(tmp_path):
+    from lnexp.figures import atlas
+
+    root = tmp_path / "runs"
+    limits = {("post_ln", 18): 0.0, ("pre_ln", 18): 2e-3, ("pre_ln", 6): 2e-3, ("post_ln", 6): 1e-3}
+    small = Grid(LRS[:3], (0, 40), (6, 18), (1, 2), 1e-3)
+    driver.run_atlas(
+        root, "mini", 1e9, 2, fake_launcher(root, limits, []), small, log=lambda s: None, kinds=CLAIMED
+    )
+    for d in root.iterdir():  # norms.csv for the deep no-warm-up runs; DyT a little above LayerNorm
+        if not d.is_dir():
+            continue
+        cfg = json.loads((d / "run.json").read_text())["config"]
+        if cfg["depth"]["encoder_layers"] == 18 and cfg["warmup"] == 0:
+            p, s = cfg["placement"]["name"], cfg["seed"]
+            _norms(
+                d,
+                18,
+                {"pre_ln": 40.0 + s, "ln_scaling": 10.0 + s}.get(p, 5.0),
+                {"mix_ln": 0.5 + 0.01 * s, "pre_ln": 0.1 + 0.01 * s}.get(p, 0.2),
+            )
+        if cfg["norm"]["name"] == "dyt" and cfg["lr"] == 1e-3:
+            m = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+            m[-1]["valid_loss"] += 0.03 + 0.001 * cfg["seed"]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in m))
+    out = tmp_path / "fig"
+    assert atlas.main(["--runs-root", str(root), "--out", str(out)]) == 0
+    for name in ("atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth"):
+        assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.pdf").is_file()
+        assert (out / f"{name}.csv").read_text().count("\n") > 1
+    doc = json.loads((out / "atlas_checks.json").read_text())
+    c = {x["id"]: x for x in doc["checks"]}
+    assert c["atlas_deep_post_ln_rescued"]["pass"] is True
+    assert c["atlas_pre_ge_post_lr"]["pass"] is True
+    assert c["atlas_dyt_parity"]["pass"] is True, c["atlas_dyt_parity"]["ours"]
+    assert c["atlas_ln_scaling_growth"]["pass"] is True, c["atlas_ln_scaling_growth"]["ours"]
+    assert c["atlas_mix_ln_gradients"]["pass"] is True, c["atlas_mix_ln_gradients"]["ours"]
+    assert c["atlas_no_norm_no_warmup"]["pass"] is True  # fake placements set no norm switch: no norm
+    assert "no atlas_plan.json" not in doc["plan"]
+    with open(out / "atlas_lr.csv") as f:
+        rows = {(r["scheme"], r["depth"], r["warmup"]): r for r in csv.DictReader(f)}
+    assert (
+        float(rows[("pre_ln", "6", "0")]["largest_stable_lr"]) == 2e-3 and rows[("pre_ln", "6", "0")]["top"]
+    )
+    assert rows[("post_ln", "6", "0")]["largest_stable_lr"] == "0.001"
+    assert not math.isnan(float(rows[("b2t", "6", "0")]["largest_stable_lr"]))
+
+
+def test_driver_does_not_retry_a_failing_run_in_a_loop(tmp_path):
+    root, log = tmp_path / "runs", []
+
+    def crashing(ovr: list[str]) -> float:  # the run fails: no finished run folder appears
+        log.append(tuple(ovr))
+        return 1.0
+
+    plan = driver.run_atlas(root, "mini", 1e9, 2, crashing, GRID, log=lambda s: None, kinds=FEW[:1])
+    assert plan["stopped"].startswith("done") and len(log) == len(set(log)) <= 4 + 2 * 2
