@@ -17,7 +17,8 @@ LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
 GRID = Grid(LRS, (0, 40), (6, 18), (1, 2), 1e-3)
 FEW = [Scheme("post_ln"), Scheme("pre_ln"), Scheme("pre_ln", "dyt")]
 CLAIMED = [
-    Scheme(p) for p in ("post_ln", "pre_ln", "deepnorm", "b2t", "ln_scaling", "mix_ln", "rezero", "t_fixup")
+    Scheme(p) for p in ("post_ln", "pre_ln", "admin", "deepnorm", "b2t", "ln_scaling", "mix_ln", "rezero",
+                        "t_fixup")
 ]
 CLAIMED += [Scheme("pre_ln", "dyt"), Scheme("post_ln", "dyt")]
 PLATEAU = {"reason": "plateau: valid nll 8.10 bits >= unigram entropy 8.35 - 0.5", "update": 120, "epoch": 1}
