@@ -481,20 +481,19 @@ def draw_maps(
     return fig
 
 
-def draw_lr(
-    lr_rows: list[dict[str, Any]], schemes: list[str], lrs: list[float], depths: list[int], warmups: list[int]
-):
+def _row_of_panels(n_depths: int, n_schemes: int):
+    """One panel per depth side by side, a row per scheme: the layout of the per-scheme charts."""
     from lnexp.figures import style
 
     plt = style.setup()
-    fig, axes = plt.subplots(
-        1,
-        len(depths),
-        figsize=(4.2 * len(depths), 0.28 * len(schemes) + 1.2),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
-    )
+    return plt.subplots(1, n_depths, figsize=(4.2 * n_depths, 0.28 * n_schemes + 1.2), squeeze=False,
+                        sharey=True, layout="constrained")
+
+
+def draw_lr(
+    lr_rows: list[dict[str, Any]], schemes: list[str], lrs: list[float], depths: list[int], warmups: list[int]
+):
+    fig, axes = _row_of_panels(len(depths), len(schemes))
     floor = lrs[0] / 2
     for ax, d in zip(axes[0], depths, strict=True):
         for y, s in enumerate(schemes):
@@ -553,17 +552,7 @@ def draw_bars(
     title: str,
     log: bool = False,
 ):
-    from lnexp.figures import style
-
-    plt = style.setup()
-    fig, axes = plt.subplots(
-        1,
-        len(depths),
-        figsize=(4.2 * len(depths), 0.28 * len(schemes) + 1.2),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
-    )
+    fig, axes = _row_of_panels(len(depths), len(schemes))
     for ax, d in zip(axes[0], depths, strict=True):
         for y, s in enumerate(schemes):
             for k, w in enumerate(warmups):
