@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lnexp import config
+from lnexp import config, rundir
 
 Composer = Callable[[list[str]], DictConfig]  # overrides -> the unresolved config, hydra node included
 _NOTED: set[str] = set()
@@ -65,7 +65,7 @@ def same_config(root: Path, resolved: dict[str, Any], exclude: set[str]) -> str 
     if _lookup(resolved, "schedule.name") == "linear":  # its length names it
         aside -= set(config.LENGTH_KEYS)
     want = _without(resolved, aside)
-    for run_json in sorted(root.glob("*/run.json")):
+    for run_json in sorted(root.glob(f"*/{rundir.RUN}")):
         try:
             cfg = json.loads(run_json.read_text())["config"]
         except (OSError, ValueError, KeyError, TypeError):

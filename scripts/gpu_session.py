@@ -46,7 +46,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BUDGETS = {"install": 60, "gpu_tests": 45, "precision": 120, "sharing": 150, "fig2": 120}  # 495 s
 TINY_SLACK = 4  # --tiny on a few busy CPU cores: the GPU budgets x4 (2 cores, load 6: 226 s in all)
-RUN_FILES = ("metrics.jsonl", "run.json", "status.json", "updates.csv", "error.log")  # copied to OUT
 TINY = ["scale.arch=ln_transformer_mini", "depth.encoder_layers=2", "depth.decoder_layers=2",
         "scale.max_tokens=512", "max_update=3", "eval.subset=4"]
 
@@ -149,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
              f"runs_root={runs}", *data_over]
     sweep += [*TINY, "hydra.launcher.n_jobs=1"] if args.tiny else ["hydra.launcher.n_jobs=4"]
     rc = run_part("fig2", sweep, out, BUDGETS["fig2"] - 20, env, log)
-    for f in runs.glob("*/*"):
-        if f.name in RUN_FILES:
+    for f in runs.glob("*/*"):  # a run's own files (its logs, status, config), not its folders
+        if f.is_file():
             (out / "runs" / f.parent.name).mkdir(parents=True, exist_ok=True)
             (out / "runs" / f.parent.name / f.name).write_bytes(f.read_bytes())
     rc2 = run_part("fig2_figure", [py, "-m", "lnexp.cli", "figure", "fig2", "--scale", "gpu",
