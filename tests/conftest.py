@@ -109,6 +109,55 @@ def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
     return proc
 
 
+def lnexp_main(*args: str, cache: Path, check: bool = True):
+    """The CLI's own ``main`` in this process, for tests about what a command does, not about its
+    process: the same dispatch and exit status as :func:`lnexp_cmd` without the 3-5 s start (and
+    fairseq import) of a fresh interpreter. What a command changes for its process (environment,
+    SIGTERM handler, Hydra's per-job log handlers) is put back afterwards; what it writes to
+    sys.stdout/sys.stderr is returned as a CompletedProcess's would be (a launcher's worker
+    processes write to their own streams)."""
+    import contextlib
+    import io
+    import logging
+    import signal
+    import subprocess
+
+    from lnexp.cli import main
+
+    env, term = dict(os.environ), signal.getsignal(signal.SIGTERM)
+    loggers = {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
+               for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]
+               if isinstance(lg, logging.Logger)}
+    os.environ.update(LNEXP_CACHE=str(cache), PYTHONWARNINGS="ignore")
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as e:  # argparse's and Hydra's own errors
+                rc = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        signal.signal(signal.SIGTERM, term)
+        for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
+            if not isinstance(lg, logging.Logger):
+                continue
+            handlers, level, propagate, disabled = loggers.get(name, ([], logging.NOTSET, True, False))
+            for h in lg.handlers[:]:
+                if h not in handlers:
+                    lg.removeHandler(h)
+                    h.close()
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
+    proc = subprocess.CompletedProcess(["lnexp", *args], rc, out.getvalue(), err.getvalue())
+    if check and rc != 0:
+        raise AssertionError(f"lnexp {' '.join(args)} exited {rc}:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
 # As tests/test_train.py's SMALL, but 2+2 layers and 6 updates an epoch at a low constant lr:
 # 2 epochs in seconds, and a barely trained model whose translations differ from sentence to
 # sentence (so that comparing two decoders' outputs means something). The per-epoch BLEU decodes
