@@ -113,18 +113,22 @@ def lnexp_main(*args: str, cache: Path, check: bool = True):
     """The CLI's own ``main`` in this process, for tests about what a command does, not about its
     process: the same dispatch and exit status as :func:`lnexp_cmd` without the 3-5 s start (and
     fairseq import) of a fresh interpreter. What a command changes for its process (environment,
-    SIGTERM handler, Hydra's per-job log handlers) is put back afterwards; what it writes to
-    sys.stdout/sys.stderr is returned as a CompletedProcess's would be (a launcher's worker
-    processes write to their own streams)."""
+    SIGTERM handler, Hydra's per-job log handlers and global state) is put back afterwards; what
+    it writes to sys.stdout/sys.stderr is returned as a CompletedProcess's would be (a launcher's
+    worker processes write to their own streams)."""
     import contextlib
     import io
     import logging
     import signal
     import subprocess
 
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
     from lnexp.cli import main
 
     env, term = dict(os.environ), signal.getsignal(signal.SIGTERM)
+    hydra_cfg, hydra_up = HydraConfig.instance().cfg, GlobalHydra.instance().is_initialized()
     loggers = {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
                for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]
                if isinstance(lg, logging.Logger)}
@@ -140,6 +144,9 @@ def lnexp_main(*args: str, cache: Path, check: bool = True):
         os.environ.clear()
         os.environ.update(env)
         signal.signal(signal.SIGTERM, term)
+        HydraConfig.instance().cfg = hydra_cfg  # later direct calls are not "under Hydra"
+        if not hydra_up:
+            GlobalHydra.instance().clear()
         for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
             if not isinstance(lg, logging.Logger):
                 continue
@@ -171,7 +178,36 @@ TINY = ["dataset.vocab_size=600", "scale.max_tokens=4000", "depth.encoder_layers
 def tiny_run(tmp_path_factory, small_multi30k) -> Path:
     """One real trained run (2 epochs), shared by the evaluation and the bad-input tests."""
     tmp = tmp_path_factory.mktemp("evalrun")
-    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={tmp / 'runs'}",
-              cache=tmp / "cache")
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={tmp / 'runs'}",
+               cache=tmp / "cache")  # in-process: the tests read the run, not the process
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
+
+
+# `--dist loadfile` hands each worker a whole file when it is free. pytest-xdist's own order (files
+# with most tests first) left the files that are one or two long trainings (gpu_session, the sweep
+# and fig2 pipeline tests: a minute or more each) for the end, where one worker ran them alone
+# while the other had finished. Longest first instead; then, as xdist would, most tests first.
+# (The files known to cost a minute or more of one core, heaviest first, measured 2026-12-01/02.)
+HEAVIEST_FILES = ["test_scripts.py", "test_results.py", "test_figures_fig2_fig4.py",
+                  "test_gpu_session.py", "test_train.py", "test_sweep.py", "test_experiments.py",
+                  "test_distributed.py", "test_zoo.py", "test_evaluate.py", "test_docs.py",
+                  "test_train_vs_fairseq.py", "test_wheelhouse.py", "test_run_folder.py"]
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.6
+        config.option.loadscopereorder = False  # keep the order below
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    from collections import Counter
+
+    per_file = Counter(Path(str(item.fspath)).name for item in items)
+    rank = {name: i for i, name in enumerate(HEAVIEST_FILES)}
+
+    def key(item) -> tuple[int, int]:
+        name = Path(str(item.fspath)).name
+        return rank.get(name, len(rank)), -per_file[name]
+
+    items.sort(key=key)  # stable: a file's tests keep their order
