@@ -109,6 +109,62 @@ def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
     return proc
 
 
+def lnexp_main(*args: str, cache: Path, check: bool = True):
+    """The CLI's own ``main`` in this process, for tests about what a command does, not about its
+    process: the same dispatch and exit status as :func:`lnexp_cmd` without the 3-5 s start (and
+    fairseq import) of a fresh interpreter. What a command changes for its process (environment,
+    SIGTERM handler, Hydra's per-job log handlers and global state) is put back afterwards; what
+    it writes to sys.stdout/sys.stderr is returned as a CompletedProcess's would be (a launcher's
+    worker processes write to their own streams)."""
+    import contextlib
+    import io
+    import logging
+    import signal
+    import subprocess
+
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from lnexp.cli import main
+
+    env, term = dict(os.environ), signal.getsignal(signal.SIGTERM)
+    hydra_cfg, hydra_up = HydraConfig.instance().cfg, GlobalHydra.instance().is_initialized()
+    loggers = {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
+               for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]
+               if isinstance(lg, logging.Logger)}
+    os.environ.update(LNEXP_CACHE=str(cache), PYTHONWARNINGS="ignore")
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(args))
+            except SystemExit as e:  # argparse's and Hydra's own errors
+                rc = e.code if isinstance(e.code, int) else 1
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        signal.signal(signal.SIGTERM, term)
+        HydraConfig.instance().cfg = hydra_cfg  # later direct calls are not "under Hydra"
+        if not hydra_up:
+            GlobalHydra.instance().clear()
+        for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
+            if not isinstance(lg, logging.Logger):
+                continue
+            handlers, level, propagate, disabled = loggers.get(name, ([], logging.NOTSET, True, False))
+            for h in lg.handlers[:]:
+                if h not in handlers:
+                    lg.removeHandler(h)
+                    h.close()
+            lg.handlers[:] = handlers
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
+    proc = subprocess.CompletedProcess(["lnexp", *args], rc, out.getvalue(), err.getvalue())
+    if check and rc != 0:
+        raise AssertionError(f"lnexp {' '.join(args)} exited {rc}:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
 # As tests/test_train.py's SMALL, but 2+2 layers and 6 updates an epoch at a low constant lr:
 # 2 epochs in seconds, and a barely trained model whose translations differ from sentence to
 # sentence (so that comparing two decoders' outputs means something). The per-epoch BLEU decodes
@@ -122,7 +178,37 @@ TINY = ["dataset.vocab_size=600", "scale.max_tokens=4000", "depth.encoder_layers
 def tiny_run(tmp_path_factory, small_multi30k) -> Path:
     """One real trained run (2 epochs), shared by the evaluation and the bad-input tests."""
     tmp = tmp_path_factory.mktemp("evalrun")
-    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={tmp / 'runs'}",
-              cache=tmp / "cache")
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={tmp / 'runs'}",
+               cache=tmp / "cache")  # in-process: the tests read the run, not the process
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
+
+
+# `--dist loadfile` hands each worker a whole file when it is free. pytest-xdist's own order (files
+# with most tests first) left the files that are one or two long trainings (gpu_session, the sweep
+# and fig2 pipeline tests: a minute or more each) for the end, where one worker ran them alone
+# while the other had finished. Longest first instead; then, as xdist would, most tests first.
+# (The files known to cost about a minute of one core or more, heaviest first: CPU seconds measured
+# 2026-12-02 file by file, where known: distributed 96, gpu_session 74, results 64, evaluate 63.)
+HEAVIEST_FILES = ["test_scripts.py", "test_train.py", "test_distributed.py", "test_gpu_session.py",
+                  "test_results.py", "test_evaluate.py", "test_sweep.py", "test_experiments.py",
+                  "test_figures_fig2_fig4.py", "test_zoo.py", "test_docs.py",
+                  "test_train_vs_fairseq.py", "test_wheelhouse.py", "test_run_folder.py"]
+
+
+def pytest_configure(config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.6
+        config.option.loadscopereorder = False  # keep the order below
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    from collections import Counter
+
+    per_file = Counter(Path(str(item.fspath)).name for item in items)
+    rank = {name: i for i, name in enumerate(HEAVIEST_FILES)}
+
+    def key(item) -> tuple[int, int]:
+        name = Path(str(item.fspath)).name
+        return rank.get(name, len(rank)), -per_file[name]
+
+    items.sort(key=key)  # stable: a file's tests keep their order

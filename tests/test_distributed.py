@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, lnexp_cmd
+from tests.conftest import REPO, lnexp_cmd, lnexp_main
 
 # tiny and deterministic: dropout 0, 2+2 layers, ~25 batches of 400 tokens per epoch
 TINY = ["dataset.vocab_size=600", "depth.encoder_layers=2", "depth.decoder_layers=2",
@@ -34,8 +34,8 @@ SHORT = ["max_epoch=1", "max_update=10"]
 def accumulated(tmp_path_factory, small_multi30k) -> Path:
     """The reference: one process, each update summing two batches (scale.update_freq=2)."""
     tmp = tmp_path_factory.mktemp("accum")
-    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, *SHORT, "scale.update_freq=2",
-              f"runs_root={tmp / 'runs'}", cache=small_multi30k.parent / "dist-cache")
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, *SHORT, "scale.update_freq=2",
+               f"runs_root={tmp / 'runs'}", cache=small_multi30k.parent / "dist-cache")
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
 
@@ -125,7 +125,7 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes_with_another_world_size
     assert proc.returncode != 0
     kept = updates(run_dir)  # the rows of the last checkpoint
     assert kept and len(kept) < 30
-    lnexp_cmd("train", *args, "distributed.world_size=1", cache=tmp_path / "cache")
+    lnexp_main("train", *args, "distributed.world_size=1", cache=tmp_path / "cache")  # in-process
     assert json.loads((run_dir / "status.json").read_text())["status"] == "done"
     rows = updates(run_dir)
     assert [int(r["update"]) for r in rows] == list(range(1, 31))

@@ -44,7 +44,27 @@ def test_every_sweep_value_composes_and_validates(name):
                 config.validate(cfg)
 
 
-def test_every_experiment_trains_two_updates_at_its_architecture(tmp_path, small_multi30k,
+@pytest.fixture
+def short_valid_multi30k(tmp_path, small_multi30k):
+    """small_multi30k with 8 validation pairs: the per-epoch validation loss at paper size costs
+    what the two updates do per 8 pairs, and whether it runs does not depend on how many."""
+    import gzip
+    import shutil
+
+    raw = tmp_path / "multi30k_short_valid"
+    raw.mkdir()
+    for f in small_multi30k.iterdir():
+        if f.name.startswith("val."):
+            with gzip.open(f, "rt", encoding="utf-8") as src:
+                lines = [next(src) for _ in range(8)]
+            with gzip.open(raw / f.name, "wt", encoding="utf-8") as dst:
+                dst.writelines(lines)
+        else:
+            shutil.copy(f, raw / f.name)
+    return raw
+
+
+def test_every_experiment_trains_two_updates_at_its_architecture(tmp_path, short_valid_multi30k,
                                                                  monkeypatch):
     """In one process (the imports are paid once): the first job of each experiment's sweep, one
     experiment per scale, architecture and optimizer (the others differ from it in placement,
@@ -64,8 +84,8 @@ def test_every_experiment_trains_two_updates_at_its_architecture(tmp_path, small
             continue
         kinds.add(kind)
         cfg = config.compose([
-            f"experiment={name}", *first, "dataset=multi30k", f"dataset.dir={small_multi30k}",
-            "dataset.vocab_size=600", f"scale.arch={arch}", "scale.max_tokens=512",
+            f"experiment={name}", *first, "dataset=multi30k", f"dataset.dir={short_valid_multi30k}",
+            "dataset.vocab_size=600", f"scale.arch={arch}", "scale.max_tokens=256",
             "scale.update_freq=1", "max_update=2", "eval.subset=4", "eval.beam=2",
             "divergence.plateau_epoch=99"])  # 2 updates are on the plateau by design
         status = train_run(cfg, tmp_path / "runs" / name)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import lnexp_cmd
+from tests.conftest import lnexp_cmd, lnexp_main
 
 TINY = ["dataset.vocab_size=600", "scale.max_tokens=600", "eval.subset=10", "depth.encoder_layers=2",
         "depth.decoder_layers=2"]
@@ -183,7 +183,7 @@ def test_fig2_pipeline_tiny_sweep_with_joblib(tmp_path, small_multi30k):
     assert all(r.state == "done" and r.get("schedule.name") == "constant" for r in got)
     assert all(r.get("max_epoch") == 1 and r.get("lr") == 1e-3 for r in got)
     out = tmp_path / "figures"
-    lnexp_cmd("figure", "fig2", "--runs-root", str(runs), "--out", str(out), cache=cache)
+    lnexp_main("figure", "fig2", "--runs-root", str(runs), "--out", str(out), cache=cache)
     for ext in ("png", "pdf", "csv"):
         assert (out / f"fig2.{ext}").stat().st_size > 0
     doc = json.loads((out / "fig2_checks.json").read_text())

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import lnexp_cmd
+from tests.conftest import lnexp_cmd, lnexp_main
 from tests.test_figures_fig2_fig4 import fake_run
 
 
@@ -43,7 +43,7 @@ def test_collect_runs_and_filters(store):
 def test_results_cli_table_and_csv(store, tmp_path):
     from lnexp.results import main
 
-    proc = lnexp_cmd("results", "--runs-root", str(store), cache=tmp_path / "cache")
+    proc = lnexp_main("results", "--runs-root", str(store), cache=tmp_path / "cache")
     lines = proc.stdout.splitlines()
     header = lines[0].split()
     for col in ("placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed", "epochs",
@@ -57,11 +57,11 @@ def test_results_cli_table_and_csv(store, tmp_path):
     assert main(["--runs-root", str(store), "--csv", str(out), "status=diverged"]) == 0
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert [(r["run"], r["status"], r["diverged_update"]) for r in rows] == [("a", "diverged", "260")]
-    bad = lnexp_cmd("results", "--runs-root", str(store), "status=bogus", cache=tmp_path / "cache",
-                    check=False)
+    bad = lnexp_main("results", "--runs-root", str(store), "status=bogus", cache=tmp_path / "cache",
+                     check=False)
     assert bad.returncode == 2 and "status='bogus'" in bad.stderr
-    bad = lnexp_cmd("results", "--runs-root", str(store), "placement", cache=tmp_path / "cache",
-                    check=False)
+    bad = lnexp_main("results", "--runs-root", str(store), "placement", cache=tmp_path / "cache",
+                     check=False)
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
 
 
@@ -75,17 +75,18 @@ def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, launcher
     or submitit the runs are in other processes, and the exit status still reports the failed one."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     proc = lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
-                     "eval.subset=10", "scale.max_tokens=5,600",
+                     "eval.subset=4", "depth.encoder_layers=2", "depth.decoder_layers=2",
+                     "scale.max_tokens=5,600",
                      "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
                      f"runs_root={runs}", *launcher, cache=cache, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status
     assert not list(runs.glob(".lnexp-failures-*"))  # the workers' failure file is cleaned up
-    res = lnexp_cmd("results", "--runs-root", str(runs), "--csv", cache=cache)
+    res = lnexp_main("results", "--runs-root", str(runs), "--csv", cache=cache)
     rows = {r["status"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
     assert set(rows) == {"failed", "diverged"}
     assert rows["diverged"]["diverged_update"] == "3" and rows["diverged"]["epochs"] == "1"
     assert rows["diverged"]["diverged_reason"].startswith("plateau")
-    table = lnexp_cmd("results", "--runs-root", str(runs), "status=diverged", cache=cache).stdout
+    table = lnexp_main("results", "--runs-root", str(runs), "status=diverged", cache=cache).stdout
     line = table.splitlines()[1].split()
     assert "diverged" in line and "3" in line
 

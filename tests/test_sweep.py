@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO, lnexp_cmd
+from tests.conftest import REPO, lnexp_cmd, lnexp_main
 from tests.test_figures_fig2_fig4 import TINY
 
 TIMING = ("wall_s", "valid_s")
@@ -61,14 +61,14 @@ def test_killed_sweep_resumes_without_redoing_and_matches_uninterrupted(tmp_path
     assert json.loads((first / "status.json").read_text())["status"] == "done"
     before = {f: (first / f).stat().st_mtime_ns for f in ("status.json", "metrics.jsonl", "updates.csv")}
 
-    again = lnexp_cmd(*argv, cache=cache)
+    again = lnexp_main(*argv, cache=cache)  # a new launch of the same sweep: the restart
     logs = "".join(f.read_text() for f in first.glob("*.log")) + again.stdout + again.stderr
     assert "already done at epoch 1, skipping" in logs
     assert {f: (first / f).stat().st_mtime_ns for f in before} == before  # not redone
     assert json.loads((second / "status.json").read_text())["status"] == "done"
 
     ref_root = tmp_path / "ref"
-    lnexp_cmd("train", *common, "seed=2", f"runs_root={ref_root}", cache=cache)
+    lnexp_main("train", *common, "seed=2", f"runs_root={ref_root}", cache=cache)
     ref = ref_root / second.name
     assert ref.is_dir(), list(ref_root.iterdir())  # same config, same directory name
     assert _updates(second) == _updates(ref)
