@@ -28,7 +28,8 @@ def experiment_name(scale: str) -> str:
 
 
 def _values(v: object) -> list[str]:
-    return [x.strip() for x in str(v).split(",") if x.strip()]
+    """A sweep's values; group names are quoted for Hydra (depth: "'6','18'")."""
+    return [x.strip().strip("'\"") for x in str(v).split(",") if x.strip()]
 
 
 def read_grid(scale: str, shared_lr: float | None = None) -> Grid:
