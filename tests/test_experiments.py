@@ -44,6 +44,25 @@ def test_every_sweep_value_composes_and_validates(name):
                 config.validate(cfg)
 
 
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_group_sweeps_are_strings_as_hydras_sweeper_needs(name):
+    """Hydra's basic sweeper passes a swept value on as it parses it, and a config group (depth=6)
+    takes only strings: an unquoted number stops `lnexp train -m experiment=NAME` before any run."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import QuotedString
+
+    raw = OmegaConf.load(config.CONFIG_DIR / "experiment" / f"{name}.yaml")
+    groups = {p.name for p in config.CONFIG_DIR.iterdir() if p.is_dir()}
+    for key, value in (OmegaConf.select(raw, "hydra.sweeper.params") or {}).items():
+        if key not in groups:
+            continue
+        o = OverridesParser.create().parse_override(f"{key}={value}")
+        parsed = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        assert all(isinstance(v, str | QuotedString) for v in parsed), (
+            f"{name}: hydra.sweeper.params.{key}: {value!r} parses to {parsed}: quote group names "
+            f"(e.g. {key}: \"'6','18'\")")
+
+
 @pytest.fixture
 def short_valid_multi30k(tmp_path, small_multi30k):
     """small_multi30k with 8 validation pairs: the per-epoch validation loss at paper size costs
