@@ -47,13 +47,19 @@ def test_every_sweep_value_composes_and_validates(name):
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_group_sweeps_are_strings_as_hydras_sweeper_needs(name):
     """Hydra's basic sweeper passes a swept value on as it parses it, and a config group (depth=6)
-    takes only strings: an unquoted number stops `lnexp train -m experiment=NAME` before any run."""
+    takes only strings: an unquoted number stops `lnexp train -m experiment=NAME` before any run.
+    A parent experiment's sweep is merged in, so its groups count too."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import QuotedString
 
-    raw = OmegaConf.load(config.CONFIG_DIR / "experiment" / f"{name}.yaml")
+    chain, params = [name], {}
+    while (up := parent(chain[-1])) is not None:  # Hydra merges a parent experiment's sweep in
+        chain.append(up)
+    for exp in reversed(chain):
+        raw = OmegaConf.load(config.CONFIG_DIR / "experiment" / f"{exp}.yaml")
+        params.update(OmegaConf.select(raw, "hydra.sweeper.params") or {})
     groups = {p.name for p in config.CONFIG_DIR.iterdir() if p.is_dir()}
-    for key, value in (OmegaConf.select(raw, "hydra.sweeper.params") or {}).items():
+    for key, value in params.items():
         if key not in groups:
             continue
         o = OverridesParser.create().parse_override(f"{key}={value}")
@@ -61,6 +67,8 @@ def test_group_sweeps_are_strings_as_hydras_sweeper_needs(name):
         assert all(isinstance(v, str | QuotedString) for v in parsed), (
             f"{name}: hydra.sweeper.params.{key}: {value!r} parses to {parsed}: quote group names "
             f"(e.g. {key}: \"'6','18'\")")
+    if name.startswith("atlas_dt_"):  # the dt column: 6 layers, though its parent also sweeps 18
+        assert str(params.get("depth")).strip("'\"") == "6", params.get("depth")
 
 
 @pytest.fixture
