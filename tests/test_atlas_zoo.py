@@ -212,3 +212,14 @@ def test_driver_does_not_retry_a_failing_run_in_a_loop(tmp_path):
 
     plan = driver.run_atlas(root, "mini", 1e9, 2, crashing, GRID, log=lambda s: None, kinds=FEW[:1])
     assert plan["stopped"].startswith("done") and len(log) == len(set(log)) <= 4 + 2 * 2
+
+
+def test_order_sorts_schemes_with_unequal_rows():
+    """A budget-cut atlas leaves some schemes with fewer warm-up rows than others (it crashed)."""
+    from lnexp.figures.atlas_zoo import order
+
+    rows = [{"scheme": "a", "depth": 6, "largest_stable_lr": 1e-3},
+            {"scheme": "a", "depth": 6, "largest_stable_lr": 2e-3},
+            {"scheme": "b", "depth": 6, "largest_stable_lr": 4e-3},
+            {"scheme": "c", "depth": 6, "largest_stable_lr": None}]
+    assert order(["c", "a", "b"], rows, 6) == ["b", "a", "c"]

@@ -231,3 +231,20 @@ def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k):
     assert proc.returncode == 130 and "interrupted; finished work is kept" in err
     (run,) = collect_runs(runs)
     assert run.state == "interrupted" and run.status["resumes_from"] >= 2
+
+
+def test_a_plateau_without_stop_trains_and_validates_every_epoch(tmp_path, small_multi30k):
+    """divergence.stop=false: a run found on the plateau (forced here by a 100-bit margin) goes on to
+    max_epoch and validates each epoch; it used to train the next epoch and end before validating it."""
+    from tests.conftest import TINY, lnexp_main
+
+    over = [o for o in TINY if not o.startswith(("divergence.", "max_epoch="))]
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "max_epoch=3",
+               "divergence.plateau_epoch=1", "divergence.plateau_margin=100", "divergence.stop=false",
+               f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache")
+    (run,) = (tmp_path / "runs").iterdir()
+    epochs = [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    status = json.loads((run / "status.json").read_text())
+    assert epochs == [1, 2, 3]
+    assert status["status"] == "diverged" and status["diverged"]["reason"].startswith("plateau")
+    assert status["diverged"]["epoch"] == 1 and not status["stopped"]

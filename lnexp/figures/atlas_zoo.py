@@ -394,7 +394,7 @@ def order(schemes: list[str], lr_rows: list[dict[str, Any]], depth: int) -> list
 
     def score(s: str) -> tuple:
         vals = [r["largest_stable_lr"] or 0.0 for r in lr_rows if r["scheme"] == s and r["depth"] == depth]
-        return tuple(-v for v in sorted(vals, reverse=True)) + (s,)
+        return tuple(-v for v in sorted(vals, reverse=True)), s  # schemes may have fewer rows
 
     return sorted(schemes, key=score)
 
