@@ -148,17 +148,44 @@ def build_trainer(cfg):
     return task, model, criterion, trainer
 
 
-def epoch_iterator(cfg, trainer, restore_file: Path | None):
-    """Load the last checkpoint if any (weights_only kept on) and return (extra_state, epoch_itr)."""
+def epoch_iterator(cfg, trainer, restore_file: Path | None, task=None):
+    """Where training starts: the last checkpoint if any (weights_only kept on), else, given the
+    task, the model as its scheme initialises it from data (Admin's profiling pass, before the
+    optimizer copies the weights); returns (extra_state, epoch_itr, what the pass set or None)."""
     from fairseq import checkpoint_utils
 
     allow_fairseq_checkpoint_globals()
+    profiled = None
     if restore_file is not None and restore_file.is_file():
         cfg.checkpoint.restore_file = str(restore_file)
     else:
         cfg.checkpoint.restore_file = "/nonexistent/checkpoint.pt"
+        if task is not None:
+            profiled = _profile_fresh_model(cfg, task, trainer)
     extra_state, epoch_itr = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
-    return extra_state, epoch_itr
+    return extra_state, epoch_itr, profiled
+
+
+def _profile_fresh_model(cfg, task, trainer) -> dict[str, Any] | None:
+    """The scheme's profiling pass (its YAML's init.profile) on the first training batch, or None
+    for a scheme without one. Rank 0 profiles; fairseq's broadcast gives every rank its values."""
+    import torch
+    from fairseq.distributed import utils as du
+
+    from lnexp.model.admin import profile_init, set_gains
+    from lnexp.scheme import placement_of
+
+    if placement_of(cfg.model).init.profile is None:
+        return None
+    model = trainer.get_model()
+    record = None
+    if is_master(cfg):
+        sample = move_to(first_train_batch(cfg, task, model), trainer.device.type)
+        record = profile_init(model, sample["net_input"], int(cfg.common.seed))
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        record = du.broadcast_object(record, src_rank=0, group=du.get_global_group())
+    set_gains(model, record["omega"])
+    return record
 
 
 def first_train_batch(cfg, task, model):

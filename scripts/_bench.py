@@ -93,7 +93,7 @@ class LnexpTrainer:
     """lnexp's training path in-process: config -> fairseq flags -> Trainer, batches, updates.
 
     The same adapter calls as ``lnexp.train.loop.train_run`` (settings.fairseq_config,
-    fa.build_trainer, init_profile (Admin's pass), fa.epoch_iterator, fa.grouped,
+    fa.build_trainer, fa.epoch_iterator (with Admin's pass), fa.grouped,
     fa.train_step), without its logging, so update time and evaluation time can be taken apart.
     """
 
@@ -108,7 +108,7 @@ class LnexpTrainer:
         from lnexp import config
         from lnexp import fairseq_adapter as fa
         from lnexp.data.registry import load_for_training
-        from lnexp.train import init_profile, settings
+        from lnexp.train import settings
 
         self.cfg = cfg = config.compose(overrides)
         if cfg.threads:
@@ -129,8 +129,7 @@ class LnexpTrainer:
         if dist is not None:
             fa.adopt_distributed(self.fcfg, dist)
         self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
-        init_profile.profile_fresh_run(self.fcfg, self.task, self.trainer, fa.is_master(self.fcfg))
-        _, self.epoch_itr = fa.epoch_iterator(self.fcfg, self.trainer, None)
+        _, self.epoch_itr, _ = fa.epoch_iterator(self.fcfg, self.trainer, None, self.task)
         if compile_layers:
             torch._dynamo.config.recompile_limit = 64  # one code object, 12 layer instances
             for layer in [*self.model.encoder.layers, *self.model.decoder.layers]:

@@ -32,7 +32,7 @@ def build(small_multi30k, tmp_path, monkeypatch, precision: str, **extra):
         disable_validation=True, bf16=precision == "bf16", fp16=precision == "fp16",
         fp16_no_flatten_grads=precision == "fp16", **extra).config
     task, model, _, trainer = fa.build_trainer(fcfg)
-    _, epoch_itr = fa.epoch_iterator(fcfg, trainer, None)
+    _, epoch_itr, _ = fa.epoch_iterator(fcfg, trainer, None)
     batches = list(fa.grouped(epoch_itr.next_epoch_itr(shuffle=False), fcfg))
     trainer.begin_epoch(1)
     return model, trainer, batches

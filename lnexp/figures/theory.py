@@ -262,7 +262,7 @@ def short_training(cfg, updates: int) -> dict:
         fcfg = settings.fairseq_config(cfg, "cpu", 1, save_dir=tmp, no_progress_bar=True,
                                        disable_validation=True).config
         _, model, _, trainer = fa.build_trainer(fcfg)
-        _, epoch_itr = fa.epoch_iterator(fcfg, trainer, None)
+        _, epoch_itr, _ = fa.epoch_iterator(fcfg, trainer, None)
         while trainer.get_num_updates() < updates:
             itr = fa.grouped(epoch_itr.next_epoch_itr(shuffle=True), fcfg)
             trainer.begin_epoch(epoch_itr.epoch)

@@ -82,7 +82,7 @@ PROFILERS = {"admin": profile_admin}  # lnexp.scheme.PROFILES, by name
 
 def profile_init(model: nn.Module, net_input: dict[str, Any], seed: int) -> dict[str, Any] | None:
     """The profiling pass the model's placement asks for (its YAML's init.profile), if any: the
-    init of a fresh run (lnexp.train.init_profile) and of the figures' models at initialisation.
+    init of a fresh run (lnexp.fairseq_adapter.epoch_iterator) and of the figures' models at initialisation.
     Returns {"profile": name, "omega": values}, or None."""
     from lnexp.scheme import placement_of
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from lnexp import fairseq_adapter as fa
 from lnexp import rundir
 from lnexp.rundir import read_json, run_paths
-from lnexp.train import init_profile, runlock, settings
+from lnexp.train import runlock, settings
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import FINAL, OtherRank, Rank0
 from lnexp.train.settings import RunSetup
@@ -79,12 +79,11 @@ class Training:
         from the checkpoint the run resumes from with lnexp's state; rank 0 describes the run."""
         self.setup, self.sharing = setup, sharing
         self.task, model, _, self.trainer = fa.build_trainer(setup.fcfg)
-        # a fresh run: the scheme's profiling pass (Admin's gains), before the optimizer copies weights
-        profiled = (init_profile.profile_fresh_run(setup.fcfg, self.task, self.trainer, setup.master)
-                    if setup.resume_from is None else None)
-        extra, self.epoch_itr = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from)
+        # a fresh run starts from its scheme's initialisation (Admin's profiling pass sets gains)
+        extra, self.epoch_itr, profiled = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from,
+                                                            self.task)
         self.state = RunState.from_checkpoint(extra)
-        if setup.resume_from is None:
+        if profiled is not None:
             self.state.profiled_init = profiled
         self.rank0 = Rank0(setup) if setup.master else OtherRank(setup)
         cache = Path(setup.data.bin_dir) / f"unigram_entropy.{setup.data.tgt}.json"
