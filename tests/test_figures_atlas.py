@@ -239,4 +239,4 @@ def test_sweeps_compose_with_their_documented_grid(experiment, runs):
         return
     assert len(lrs) >= 4 and all(b == pytest.approx(2 * a) for a, b in zip(lrs, lrs[1:], strict=False))
     # per scheme: lnexp atlas adds every placement (and the DyT pairs) and chooses the cells
-    assert "placement" not in params and params["depth"] == "6,18"
+    assert "placement" not in params and params["depth"] == "'6','18'"  # group names, quoted for Hydra
