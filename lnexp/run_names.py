@@ -6,7 +6,8 @@ when the run's configuration is the same without it (a group's default choice, a
 what the config gives the key anyway, in the context of the other overrides: ``lr=1e-3`` is the
 mini scale's lr, not the paper scale's); numbers are written one way (``lr=0.001``, ``lr=5e-4`` ->
 ``lr=0.0005``, ``1e-05`` -> ``1e-5``). Keys that say how long to train or how to report do not name
-a run (configs/train.yaml ``exclude_keys``; a ``linear`` schedule's length does).
+a run (configs/train.yaml ``exclude_keys``; a ``linear`` schedule's length does). A name over
+NAME_MAX bytes is cut, with a hash of the whole (:func:`fitted`).
 
 Folders that older versions named after the overrides as typed keep working: when a run's folder
 does not exist under today's name but does under the old one (its overrides as typed now, or any
@@ -18,6 +19,7 @@ Imports only Hydra/OmegaConf, like :mod:`lnexp.config`.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -32,6 +34,7 @@ from lnexp import config, rundir
 
 Composer = Callable[[list[str]], DictConfig]  # overrides -> the unresolved config, hydra node included
 _NOTED: set[str] = set()
+NAME_MAX = 255  # bytes in one folder name (ext4, xfs, btrfs, APFS): a longer name fails to open
 
 
 def run_name(task_overrides: Any, exclude_keys: Any = (), runs_root: str = "",
@@ -49,7 +52,7 @@ def run_name(task_overrides: Any, exclude_keys: Any = (), runs_root: str = "",
     if (root / name).exists():
         return name
     old = legacy_name(typed_name if typed_name is not None else ",".join(overrides), resolved)
-    if not (root / old).is_dir():  # typed another way when an older lnexp named it?
+    if len(old.encode()) > NAME_MAX or not (root / old).is_dir():  # typed another way, once?
         old = same_config(root, resolved, exclude) or name
     if old != name and old not in _NOTED:
         _NOTED.add(old)
@@ -127,7 +130,24 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
         items.append(f"max_epoch={resolved['max_epoch']}")
         if resolved.get("max_update"):
             items.append(f"max_update={resolved['max_update']}")
-    return ",".join(sorted(items)).replace("/", "_") or "default", resolved
+    return fitted(",".join(sorted(items)).replace("/", "_") or "default"), resolved
+
+
+def fitted(name: str) -> str:
+    """``name`` if the file system takes it as one folder name; else its first part, ``~`` and 12
+    hex digits of its SHA-1, NAME_MAX bytes in all: still one folder per configuration (and
+    run.json holds the whole configuration), where the full name could not be created at all."""
+    raw = name.encode()
+    if len(raw) <= NAME_MAX:
+        return name
+    digest = hashlib.sha1(raw).hexdigest()[:12]
+    head = raw[:NAME_MAX - len(digest) - 1].decode(errors="ignore")
+    if name not in _NOTED:
+        _NOTED.add(name)
+        print(f"lnexp train: note: this run's name has {len(raw)} bytes, over the {NAME_MAX} a folder "
+              f"name may have; its folder's name ends ~{digest} (run.json holds the whole configuration)",
+              file=sys.stderr, flush=True)
+    return f"{head}~{digest}"
 
 
 def legacy_name(overrides: str, cfg: dict[str, Any] | None = None) -> str:

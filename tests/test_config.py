@@ -116,6 +116,20 @@ def test_a_run_under_its_old_folder_name_stays_there(tmp_path, capsys):
     assert run_names.run_name(["seed=3"], ["max_epoch"], str(tmp_path), typed_name="seed=3") == "seed=3"
 
 
+def test_a_name_too_long_for_a_folder_is_cut_with_a_hash_and_says_so(tmp_path, capsys):
+    from lnexp import run_names
+
+    long = ["+note=" + "x" * 300, "seed=7"]
+    name = run_names.run_name(long, ["max_epoch"], str(tmp_path), typed_name=",".join(long))
+    assert len(name.encode()) == run_names.NAME_MAX and name.startswith("+note=xxx")
+    (tmp_path / name).mkdir()  # the file system takes it (the full name raised ENAMETOOLONG)
+    assert run_names.run_name(long, ["max_epoch"], str(tmp_path)) == name  # one folder per config
+    other = run_names.run_name(["+note=" + "x" * 300, "seed=8"], ["max_epoch"], str(tmp_path))
+    assert other != name and other[:-12] == name[:-12]  # the hash tells configs apart
+    assert "over the 255 a folder name may have" in capsys.readouterr().err
+    assert run_names.name_of(["seed=7"]) == "seed=7"  # short names are as before
+
+
 def test_train_help_shows_each_keys_comment_and_the_allowed_values(capsys):
     from lnexp.names import NORMS, PRECISIONS
     from lnexp.train.run import main

@@ -119,7 +119,7 @@ class Cell:
     def row(self) -> dict[str, Any]:
         return {"placement": self.placement, "lr": self.lr, "warmup": self.warmup,
                 "residual_scale": self.dt, "seeds": len(self.runs), **self.counts,
-                "mean_valid_loss": R._r(self.mean), "spread_valid_loss": R._r(self.spread),
+                "mean_valid_loss": R.rounded(self.mean), "spread_valid_loss": R.rounded(self.spread),
                 "stable": self.stable}
 
 
@@ -137,9 +137,9 @@ def run_row(run: Run) -> dict[str, Any]:
             "lr": row["lr"], "warmup": row["warmup"], "residual_scale": run.get("residual_scale", 1.0),
             "seed": row["seed"], "status": row["status"], "outcome": outcome(run),
             "diverged_update": div.get("update"), "diverged_reason": div.get("reason"),
-            "updates": row["updates"], "final_valid_loss": R._r(R.final(run, "valid_loss")),
-            "final_valid_nll_loss": R._r(R.final(run, "valid_nll_loss")),
-            "final_valid_bleu": R._r(R.final(run, "valid_bleu"))}
+            "updates": row["updates"], "final_valid_loss": R.rounded(R.final(run, "valid_loss")),
+            "final_valid_nll_loss": R.rounded(R.final(run, "valid_nll_loss")),
+            "final_valid_bleu": R.rounded(R.final(run, "valid_bleu"))}
 
 
 # --- stability per arm --------------------------------------------------------------------------
@@ -305,7 +305,8 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
         "atlas_peri_smaller_spread", "Peri-LN's final valid loss varies less over seeds than Pre-LN's "
         "(mean max-min over the cells where both train)",
         "smaller spread across seeds (Kim et al. 2025; GPT-2 Pre-LN diverged in some of 5 trials)",
-        {"cells": len(both), "mean_spread_pre_ln": R._r(sp_pre), "mean_spread_peri_ln": R._r(sp_peri),
+        {"cells": len(both), "mean_spread_pre_ln": R.rounded(sp_pre),
+         "mean_spread_peri_ln": R.rounded(sp_peri),
          "cells_peri_smaller": sum(b.spread < a.spread for *_, a, b in both)},
         f"{len(both)} cells: mean spread Pre-LN {R.fmt(sp_pre, 3)} vs Peri-LN {R.fmt(sp_peri, 3)} bits"
         if both else "no cell where both train on >= 2 seeds yet",
@@ -351,7 +352,7 @@ def checks(grid: dict, warmups: list[int], norms: dict[str, list[dict]]) -> list
         "(at a tie, it fails in more of the seeds)",
         "Post-LN needs warm-up, Pre-LN does not (Xiong et al. 2020)",
         {"first_failing_lr": first, "failing_seed_share_at_that_lr":
-            {k: R._r(failing(k)) for k in ["post_ln/warm-up 0", *tied]} if post is not None else {}},
+            {k: R.rounded(failing(k)) for k in ["post_ln/warm-up 0", *tied]} if post is not None else {}},
         f"Post-LN without warm-up first fails at lr {_lr(post)}"
         + (f" ({failing('post_ln/warm-up 0'):.0%} of its seeds)" if post is not None else "")
         + ("; tied with " + ", ".join(f"{k} ({failing(k):.0%} of its seeds)" for k in tied) if tied else "")
@@ -612,20 +613,22 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     ordered = Z.order(schemes_found, lr_rows, min(depths))
     map_rows = [{"scheme": k[0], "depth": k[1], "warmup": k[2], "lr": k[3], "seeds": len(c.runs),
                  **{o: c.outcomes().count(o) for o in ("trained", "plateau", "diverged")}, "stable": c.stable,
-                 "mean_valid_loss": R._r(sum(c.losses()) / len(c.losses()) if c.losses() else math.nan)}
+                 "mean_valid_loss": R.rounded(sum(c.losses()) / len(c.losses()) if c.losses() else math.nan)}
                 for k, c in zgrid.items()]
     loss_rows, growth_rows = [], []
     for (s, d, w, lr), c in zgrid.items():
         if lr == shared:
             m = Z.summarise(c.losses())
             loss_rows.append({"scheme": s, "depth": d, "warmup": w, "lr": lr, "n": m.n,
-                              "mean_valid_loss": R._r(m.mean), "ci_low": R._r(m.low), "ci_high": R._r(m.high),
-                              "std": R._r(m.std)})
+                              "mean_valid_loss": R.rounded(m.mean), "ci_low": R.rounded(m.low),
+                              "ci_high": R.rounded(m.high),
+                              "std": R.rounded(m.std)})
         for r in c.runs:
             for side, v in Z.norms_of(r).items():
                 growth_rows.append({"scheme": s, "depth": d, "warmup": w, "lr": lr, "seed": r.get("seed"),
-                                    "side": side, "first_layer_rms": R._r(v["first"]),
-                                    "last_layer_rms": R._r(v["last"]), "deep_ffn_grad_norm": R._r(v["grad"])})
+                                    "side": side, "first_layer_rms": R.rounded(v["first"]),
+                                    "last_layer_rms": R.rounded(v["last"]),
+                                    "deep_ffn_grad_norm": R.rounded(v["grad"])})
     plan = {}
     try:
         plan = json.loads((args.runs_root / "atlas_plan.json").read_text())

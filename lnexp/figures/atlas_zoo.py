@@ -288,8 +288,8 @@ def zoo_checks(
             )
             pairs[f"{p}/warm-up {w}"] = {
                 "n": d.n,
-                "mean_diff": R._r(d.mean),
-                "ci": [R._r(d.low), R._r(d.high)],
+                "mean_diff": R.rounded(d.mean),
+                "ci": [R.rounded(d.low), R.rounded(d.high)],
                 "within_0.1": v,
             }
             verdicts.append(v)

@@ -80,11 +80,11 @@ def contrast(adam: list[Run], lr: float = 1e-3) -> dict[str, Any]:
         loss_b, bleu_b = b.series("valid_loss")[e - 1], b.series("valid_bleu")[e - 1]
         gap_bits = loss_a - loss_b
         per_seed.append({"seed": seed, "epoch": e, "no_warmup_run": a.name, "warmup_run": b.name,
-                         "warmup": long_w, "valid_loss_no_warmup": R._r(loss_a),
-                         "valid_loss_warmup": R._r(loss_b), "gap_bits": R._r(gap_bits),
-                         "gap_nats": R._r(gap_bits / R.BITS_PER_NAT),  # for reference only
-                         "bleu_no_warmup": R._r(bleu_a), "bleu_warmup": R._r(bleu_b),
-                         "bleu_ratio": R._r(bleu_a / bleu_b) if bleu_b > 0 else None,
+                         "warmup": long_w, "valid_loss_no_warmup": R.rounded(loss_a),
+                         "valid_loss_warmup": R.rounded(loss_b), "gap_bits": R.rounded(gap_bits),
+                         "gap_nats": R.rounded(gap_bits / R.BITS_PER_NAT),  # for reference only
+                         "bleu_no_warmup": R.rounded(bleu_a), "bleu_warmup": R.rounded(bleu_b),
+                         "bleu_ratio": R.rounded(bleu_a / bleu_b) if bleu_b > 0 else None,
                          "gap_ok": bool(gap_bits >= GAP_BITS)})
     n = len(per_seed)
     bleu_a = sum(s["bleu_no_warmup"] for s in per_seed) / n if n else None
@@ -92,11 +92,12 @@ def contrast(adam: list[Run], lr: float = 1e-3) -> dict[str, Any]:
     gaps_ok = n >= MIN_SEEDS and all(s["gap_ok"] for s in per_seed)
     bleu_ok = bool(n and bleu_a <= BLEU_FRACTION * bleu_b)
     gap = summarise([s["gap_bits"] for s in per_seed])  # reported beside the per-seed rule
-    return {"lr": lr, "gap_mean_bits": R._r(gap.mean), "gap_ci95_bits": [R._r(gap.low), R._r(gap.high)],
+    return {"lr": lr, "gap_mean_bits": R.rounded(gap.mean),
+            "gap_ci95_bits": [R.rounded(gap.low), R.rounded(gap.high)],
             "long_warmup": long_w, "per_seed": per_seed, "seeds": n, "min_seeds": MIN_SEEDS,
-            "gap_threshold_bits": GAP_BITS, "mean_bleu_no_warmup": R._r(bleu_a),
-            "mean_bleu_warmup": R._r(bleu_b),
-            "mean_bleu_ratio": R._r(bleu_a / bleu_b) if n and bleu_b > 0 else None,
+            "gap_threshold_bits": GAP_BITS, "mean_bleu_no_warmup": R.rounded(bleu_a),
+            "mean_bleu_warmup": R.rounded(bleu_b),
+            "mean_bleu_ratio": R.rounded(bleu_a / bleu_b) if n and bleu_b > 0 else None,
             "gaps_ok": gaps_ok, "bleu_ok": bleu_ok, "pass": gaps_ok and bleu_ok}
 
 
@@ -144,7 +145,7 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[Check]:
         out.append(Check(
             "fig2_short_warmup_lr", f"with the short warm-up ({s}), lr 5e-4 trains better than lr 1e-3",
             "warm-up 500: BLEU 31.16 at lr 5e-4, 2.77 at lr 1e-3",
-            {"bleu_lr5e-4": R._r(b5), "bleu_lr1e-3": R._r(b10), "warmup": s},
+            {"bleu_lr5e-4": R.rounded(b5), "bleu_lr1e-3": R.rounded(b10), "warmup": s},
             f"BLEU {R.fmt(b5)} at 5e-4 vs {R.fmt(b10)} at 1e-3", ok, required=False))
     for lr in (5e-4, 1e-3):
         if long_w and short:
@@ -154,7 +155,8 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[Check]:
             out.append(Check(
                 f"fig2_longer_warmup_lr{lr:g}", f"lr {lr:g}: the long warm-up ({long_w}) ends at least as "
                 f"good as the short one ({short[0]})", "warm-up 4000 > warm-up 500 at both lr",
-                {"bleu_long": R._r(bl), "bleu_short": R._r(bs)}, f"BLEU {R.fmt(bl)} vs {R.fmt(bs)}", ok,
+                {"bleu_long": R.rounded(bl), "bleu_short": R.rounded(bs)},
+                f"BLEU {R.fmt(bl)} vs {R.fmt(bs)}", ok,
                 required=False))
     lb0, lbw = _final(adam, "valid_loss", lr=5e-4, warmup=0), (
         _final(adam, "valid_loss", lr=5e-4, warmup=long_w) if long_w else None)
@@ -163,7 +165,8 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[Check]:
         out.append(Check(
             "fig2_no_warmup_lr5e-4", "lr 5e-4: without warm-up ends worse than with the long warm-up",
             "lr 5e-4 without warm-up far below warm-up 4000 in BLEU",
-            {"valid_loss_no_warmup": R._r(lb0), "valid_loss_warmup": R._r(lbw), "gap_bits": R._r(gap)},
+            {"valid_loss_no_warmup": R.rounded(lb0), "valid_loss_warmup": R.rounded(lbw),
+             "gap_bits": R.rounded(gap)},
             f"valid loss {gap:+.2f} bits without warm-up", bool(gap > 0), required=False))
     if not any(r.metrics for r in sgd):
         out.append(Check("fig2_sgd_no_warmup", "SGD without warm-up stays near 0 BLEU",
@@ -175,8 +178,8 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[Check]:
                  default=None)
         out.append(Check(
             "fig2_sgd_no_warmup", "SGD without warm-up stays near 0 BLEU",
-            "just above 0 BLEU within 15 epochs (Fig. 2b)", {"bleu_no_warmup": R._r(b0),
-                                                             "bleu_with_warmup_best": R._r(bw)},
+            "just above 0 BLEU within 15 epochs (Fig. 2b)", {"bleu_no_warmup": R.rounded(b0),
+                                                             "bleu_with_warmup_best": R.rounded(bw)},
             f"BLEU {R.fmt(b0)} without, {R.fmt(bw)} with warm-up",
             None if b0 is None else bool(b0 < 1.0), required=False))
     return out

@@ -50,9 +50,9 @@ def speedup(pre: Run, post: Run) -> dict[str, Any]:
     whole = next((e for e, v in zip(ep, pre.series("valid_loss"), strict=True)
                   if math.isfinite(v) and v <= target), None)
     ratio = None if not e_pre else e_post / e_pre
-    return {"pre_run": pre.name, "post_run": post.name, "target_valid_loss": R._r(target),
-            "post_epochs": e_post, "pre_epochs_to_target": R._r(e_pre), "pre_whole_epoch": whole,
-            "speedup": R._r(ratio), "speedup_whole_epochs": R._r(e_post / whole) if whole else None,
+    return {"pre_run": pre.name, "post_run": post.name, "target_valid_loss": R.rounded(target),
+            "post_epochs": e_post, "pre_epochs_to_target": R.rounded(e_pre), "pre_whole_epoch": whole,
+            "speedup": R.rounded(ratio), "speedup_whole_epochs": R.rounded(e_post / whole) if whole else None,
             "pass": bool(ratio is not None and ratio >= 1.5)}
 
 
@@ -80,7 +80,7 @@ def checks(runs: list[Run]) -> list[Check]:
         out.append(Check(
             "fig4_pre_ln_adam_vs_radam", "with Pre-LN, Adam vs RAdam makes little difference "
             "(final valid loss within 0.15 nat)", "little difference (Fig. 4)",
-            {"delta_valid_loss_nats": R._r(dl), "delta_bleu": R._r(db)},
+            {"delta_valid_loss_nats": R.rounded(dl), "delta_bleu": R.rounded(db)},
             f"Adam - RAdam: {R.fmt(dl)} nat, {R.fmt(db)} BLEU", bool(abs(dl) <= 0.15), required=False))
     prad = _pick(runs, "post_ln", "radam", False)
     if prad and pa:
@@ -88,7 +88,7 @@ def checks(runs: list[Run]) -> list[Check]:
         out.append(Check(
             "fig4_pre_ln_vs_post_ln_radam", "Pre-LN (Adam, no warm-up) ends below Post-LN with RAdam "
             "(no warm-up)", "Pre-LN converges faster than Post-LN + RAdam",
-            {"pre_ln_valid_loss": R._r(lp), "post_ln_radam_valid_loss": R._r(lr_)},
+            {"pre_ln_valid_loss": R.rounded(lp), "post_ln_radam_valid_loss": R.rounded(lr_)},
             f"{R.fmt(lp)} vs {R.fmt(lr_)} bits", bool(lp < lr_), required=False))
     return out
 

@@ -58,13 +58,14 @@ def summary_row(run: Run) -> dict[str, Any]:
         "schedule": row["schedule"], "seed": row["seed"], "status": row["status"],
         "diverged_update": row["diverged_update"], "epochs": row["epochs"],
         "final_epoch": run.metrics[-1]["epoch"] if run.metrics else None,
-        "final_valid_loss": _r(fv), "final_valid_loss_nats": _r(fv / BITS_PER_NAT),
-        "final_valid_bleu": _r(final(run, "valid_bleu")),
-        "best_valid_loss": _r(row["best_valid_loss"]), "best_bleu": _r(row["best_bleu"]),
+        "final_valid_loss": rounded(fv), "final_valid_loss_nats": rounded(fv / BITS_PER_NAT),
+        "final_valid_bleu": rounded(final(run, "valid_bleu")),
+        "best_valid_loss": rounded(row["best_valid_loss"]), "best_bleu": rounded(row["best_bleu"]),
     }
 
 
-def _r(x: Any, nd: int = 4) -> Any:
+def rounded(x: Any, nd: int = 4) -> Any:
+    """A metric as the CSVs and checks print it: 4 decimals, None and inf/nan kept as they are."""
     if x is None:
         return None
     x = float(x)
