@@ -46,7 +46,8 @@ def schemes() -> list[Scheme]:
 def claim_cells(grid: Grid) -> list[Cell]:
     """The cells the papers' claims need, first in the queue so that a short budget still decides them:
     deep Post-LN vs Admin, DeepNorm, B2T (with warm-up); deep Pre-LN vs LayerNorm Scaling and Mix-LN
-    (hidden states, gradients; no warm-up); DyT vs LayerNorm; the last two on two seeds (t-intervals)."""
+    (hidden states, gradients; no warm-up); ReZero and T-Fixup without warm-up; DyT vs LayerNorm; the
+    deep Pre-LN trio and DyT on two seeds (t-intervals)."""
     from lnexp.names import PLACEMENTS
 
     deep, shallow, s = max(grid.depths), min(grid.depths), grid.shared
@@ -64,6 +65,8 @@ def claim_cells(grid: Grid) -> list[Cell]:
             if p in PLACEMENTS
             for seed in grid.seeds[:2]
         ]
+    out += [Cell(Arm(Scheme(p), w_off, shallow), s, grid.seeds[0]) for p in ("rezero", "t_fixup")
+            if p in PLACEMENTS]
     out += [
         Cell(Arm(Scheme(p, n), w, shallow), s, seed)
         for p in DYT_PLACEMENTS
@@ -207,11 +210,10 @@ def run_atlas(
 
     tried: set[Cell] = set()
 
-    def run_round(cells: list[Cell]) -> bool:
-        """Launch the cells that fit; False when the budget cut some."""
+    def run_round(cells: list[Cell]) -> int:
+        """Launch the cells that fit; how many did (the rest are the plan's ``not_run``)."""
         k = fits([cost(c) for c in cells], jobs, remaining())
-        for c in cells[k:]:
-            plan["not_run"].append(_cell_doc(c, grid))
+        plan["not_run"] = [_cell_doc(c, grid) for c in cells[k:]]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             t_round = time.monotonic()
             tried.update(cells[:k])
@@ -231,7 +233,7 @@ def run_atlas(
             finally:
                 _write(state_path, state)
                 _write(plan_path, plan)
-        return k == len(cells)
+        return k
 
     seen_outcomes = SeenRuns(runs_root, grid, scale)
     seen = seen_outcomes()
@@ -245,7 +247,7 @@ def run_atlas(
         f"{grid.warmups}, depth {grid.depths}; budget {budget_s / 60:.0f} min, {state['spent_s'] / 60:.1f} "
         f"spent, {jobs} jobs"
     )
-    ok = run_round(first) if first else True
+    ok = run_round(first) == len(first) if first else True
     if not ok:
         plan["stopped"] = f"budget: the claims' cells did not fit in {remaining():.0f} s"
     for name, arms, seeds in phases(grid, kinds) if ok else []:
@@ -256,7 +258,8 @@ def run_atlas(
             if not cells:
                 break
             log(f"lnexp atlas: {name}: {len(cells)} cells; {remaining() / 60:.1f} min of the budget left")
-            ok = run_round(cells)
+            # a round cut by the budget is offered again: runs faster than their estimate leave room
+            ok = run_round(cells) > 0
         if not ok:
             plan["stopped"] = f"budget: the next cells of '{name}' did not fit in {remaining():.0f} s"
             break
