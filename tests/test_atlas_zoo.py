@@ -114,7 +114,7 @@ def test_driver_rounds_resume_and_budget(tmp_path):
 def test_driver_stops_launching_when_the_budget_cannot_hold_a_cell(tmp_path):
     root, log = tmp_path / "runs", []
     plan = driver.run_atlas(root, "mini", 1500.0, 2, fake_launcher(root, {}, log), GRID, log=lambda s: None)
-    # 1500 s - 60 s reserve on 2 jobs, first-guess costs 100 s (6 layers) / 330 s (18): the claim cells
+    # 1500 s - 60 s reserve on 2 jobs, first-guess costs 155 s (6 layers) / 350 s (18): the claim cells
     # (7 deep, 16 shallow) cannot all fit
     assert plan["stopped"].startswith("budget") and plan["not_run"]
     assert 0 < len(log) < len(driver.claim_cells(GRID))
