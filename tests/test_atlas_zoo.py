@@ -221,11 +221,30 @@ def test_figure_draws_the_zoo_and_checks_the_claims(tmp_path):
     assert "no atlas_plan.json" not in doc["plan"]
     with open(out / "atlas_lr.csv") as f:
         rows = {(r["scheme"], r["depth"], r["warmup"]): r for r in csv.DictReader(f)}
-    assert (
-        float(rows[("pre_ln", "6", "0")]["largest_stable_lr"]) == 2e-3 and rows[("pre_ln", "6", "0")]["top"]
-    )
+    assert float(rows[("pre_ln", "6", "0")]["largest_stable_lr"]) == 2e-3
+    assert rows[("pre_ln", "6", "0")]["top"] == "True"  # 2e-3 is the top of the atlas's grid
     assert rows[("post_ln", "6", "0")]["largest_stable_lr"] == "0.001"
     assert not math.isnan(float(rows[("b2t", "6", "0")]["largest_stable_lr"]))
+
+
+def test_a_bound_is_known_only_against_the_atlas_grid_not_the_lrs_run(tmp_path):
+    """Pre-LN stable at 4e-3 with 8e-3 not run is >= 4e-3, not "stable at the top"; a scheme that
+    fails at 1e-3 with 5e-4 not run does not fail "at the lowest lr" (the measured atlas drew both)."""
+    from lnexp.figures import atlas
+
+    root = tmp_path / "runs"
+    launch = fake_launcher(root, {("pre_ln", 6): 8e-3, ("hybridnorm", 6): 0.0}, [])
+    for ovr in (["placement=pre_ln", "lr=0.001"], ["placement=pre_ln", "lr=0.004"],
+                ["placement=hybridnorm", "lr=0.001"]):
+        launch(["experiment=atlas_mini", "norm=layernorm", "depth=6", "warmup=0", "seed=1", *ovr])
+    (root / "atlas_plan.json").write_text(json.dumps({"lrs": list(LRS), "not_run": [], "stopped": "budget"}))
+    out = tmp_path / "fig"
+    assert atlas.main(["--runs-root", str(root), "--out", str(out)]) == 0
+    with open(out / "atlas_lr.csv") as f:
+        rows = {r["scheme"]: r for r in csv.DictReader(f)}
+    assert (rows["pre_ln"]["largest_stable_lr"], rows["pre_ln"]["top"], rows["pre_ln"]["known"]) == (
+        "0.004", "False", "False")
+    assert (rows["hybridnorm"]["largest_stable_lr"], rows["hybridnorm"]["known"]) == ("", "False")
 
 
 def test_driver_does_not_retry_a_failing_run_in_a_loop(tmp_path):

@@ -587,6 +587,13 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     lrs = sorted({k[3] for k in zgrid})
     depths = sorted({k[1] for k in zgrid})
     warmups = sorted({k[2] for k in zgrid})
+    plan = {}
+    try:
+        plan = json.loads((args.runs_root / "atlas_plan.json").read_text())
+    except (OSError, ValueError):
+        pass
+    # the lrs lnexp atlas chose from, not only those run: a bound is known only against the grid
+    lrs = sorted(set(lrs) | set(plan.get("lrs", [])))
     try:
         shared = read_grid(args.scale).shared_lr
     except Exception:  # a scale without the grid: the second lr run
@@ -629,11 +636,6 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
                                     "side": side, "first_layer_rms": R.rounded(v["first"]),
                                     "last_layer_rms": R.rounded(v["last"]),
                                     "deep_ffn_grad_norm": R.rounded(v["grad"])})
-    plan = {}
-    try:
-        plan = json.loads((args.runs_root / "atlas_plan.json").read_text())
-    except (OSError, ValueError):
-        pass
     not_run = plan.get("not_run", [])
     plan_note = (f"lnexp atlas stopped: {plan.get('stopped')}; {len(not_run)} cells of its last round not run"
                  if plan else "no atlas_plan.json (cells not chosen by lnexp atlas)")
