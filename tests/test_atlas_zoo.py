@@ -128,18 +128,20 @@ def test_a_round_cut_by_the_budget_is_offered_again_when_its_runs_end_early(tmp_
     cells get (the measured atlas stopped with 12 of its 105 minutes left and T-Fixup never run)."""
     clock, root, log, cut = [0.0], tmp_path / "runs", [], []
     monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setitem(driver.DEFAULT_COST_S, "mini", {6: 100.0, 18: 330.0})  # the fake's own costs
     inner = fake_launcher(root, {}, log)
 
     def launch(ovr: list[str]) -> float:
         plan_file = root / "atlas_plan.json"
         if plan_file.exists():  # written as each round ends: the cells the last round left out
             cut.extend(json.loads(plan_file.read_text())["not_run"])
-        took = inner(ovr) * (1.5 if len(log) == 1 else 1.0)  # one slow first run sets the estimate
+        slow = "depth=6" in ovr and not any("depth=6" in o for o in log)
+        took = inner(ovr) * (2.0 if slow else 1.0)  # one slow 6-layer run sets their estimate
         clock[0] += took / 2  # two jobs at a time
         return took
 
     kinds = [Scheme(p) for p in ("post_ln", "pre_ln", "peri_ln", "deepnorm", "rezero", "t_fixup", "b2t")]
-    plan = driver.run_atlas(root, "mini", 3000.0, 2, launch, GRID, log=lambda s: None, kinds=kinds)
+    plan = driver.run_atlas(root, "mini", 2000.0, 2, launch, GRID, log=lambda s: None, kinds=kinds)
     launched = [tuple(sorted(d.items())) for d in plan["launched"]]
     assert plan["stopped"].startswith("budget") and cut
     assert any(tuple(sorted(c.items())) in launched for c in cut)  # a cut cell ran in a later round
