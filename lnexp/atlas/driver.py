@@ -144,6 +144,11 @@ class SeenRuns:
         return seen
 
 
+def read_plan(runs_root: Path) -> dict:
+    """What lnexp atlas wrote of its last session (cells launched, not run, the grid's lrs); {} if none."""
+    return _read(runs_root / PLAN_FILE)
+
+
 def _read(path: Path) -> dict:
     try:
         return json.loads(path.read_text())

@@ -576,8 +576,7 @@ def main(argv: list[str]) -> int:
 def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     """The zoo's four figures, their CSVs and checks (lnexp/figures/atlas_zoo.py); the note says
     which cells the budget left out (runs_root/atlas_plan.json of lnexp atlas)."""
-    import json
-
+    from lnexp.atlas.driver import read_plan
     from lnexp.atlas.grid import read_grid
     from lnexp.config import CONFIG_DIR
     from lnexp.figures import style
@@ -587,11 +586,7 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     lrs = sorted({k[3] for k in zgrid})
     depths = sorted({k[1] for k in zgrid})
     warmups = sorted({k[2] for k in zgrid})
-    plan = {}
-    try:
-        plan = json.loads((args.runs_root / "atlas_plan.json").read_text())
-    except (OSError, ValueError):
-        pass
+    plan = read_plan(args.runs_root)
     # the lrs lnexp atlas chose from, not only those run: a bound is known only against the grid
     lrs = sorted(set(lrs) | set(plan.get("lrs", [])))
     try:
