@@ -1,7 +1,9 @@
 # lnexp: one target per step of the study. `make demo` and `make test` work on a fresh clone.
-# The newest supported Python found (3.12, then 3.11: ve-fairseq 0.12.3 has wheels for both), on
-# PATH or under pyenv; `make install PYTHON=/path/to/python3.11` chooses one.
-SUPPORTED   := 3.12 3.11
+# The first supported Python found (3.11, then 3.12: ve-fairseq 0.12.3 has wheels for both), on
+# PATH or under pyenv; `make install PYTHON=/path/to/python3.12` chooses one. 3.11 first: where a
+# CPU wheel of torch lies on local disk it is the cp311 one (a 1.5 GB venv), while 3.12 takes PyPI's
+# CUDA build (5.2 GB, docs/development.md#installation).
+SUPPORTED   := 3.11 3.12
 ifeq ($(origin PYTHON),undefined)
 PYTHON := $(shell for v in $(SUPPORTED); do \
 	for p in python$$v $$(ls -d $$(pyenv root 2>/dev/null)/versions/$$v*/bin/python$$v 2>/dev/null | sort -V | tail -1); do \
@@ -29,7 +31,7 @@ STAMP       := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "make install: no Python $(subst $() ,/,$(SUPPORTED)) found; install one (e.g. pyenv install 3.12) or give PYTHON=/path/to/python3.12" >&2; exit 2; }
+	@test -x $(BIN)/python || test -n "$(PYTHON)" || { echo "make install: no Python $(subst $() ,/,$(SUPPORTED)) found; install one (e.g. pyenv install 3.11) or give PYTHON=/path/to/python3.11" >&2; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 12))' 2>/dev/null || { echo "make install: $(PYTHON) is not a Python 3.11 or 3.12 (what lnexp supports): give PYTHON=/path/to/python3.12" >&2; exit 2; }
 	@test -z "$(WHEELS)" || test -f "$(WHEELS)/wheelhouse.json" || { echo "make install: WHEELS=$(WHEELS) holds no wheelhouse (wheelhouse.json): build one with make wheelhouse WHEELS=$(WHEELS)" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(if $(WHEELS),--system-site-packages) $(VENV)

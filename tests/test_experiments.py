@@ -5,6 +5,7 @@ GPU hour is spent on a config that crashes at start."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from omegaconf import OmegaConf
@@ -76,7 +77,6 @@ def short_valid_multi30k(tmp_path, small_multi30k):
     """small_multi30k with 8 validation pairs: the per-epoch validation loss at paper size costs
     what the two updates do per 8 pairs, and whether it runs does not depend on how many."""
     import gzip
-    import shutil
 
     raw = tmp_path / "multi30k_short_valid"
     raw.mkdir()
@@ -120,5 +120,8 @@ def test_every_experiment_trains_two_updates_at_its_architecture(tmp_path, short
         run = json.loads((tmp_path / "runs" / name / "run.json").read_text())
         trained[name] = run["fairseq_flags"]["arch"]
         assert trained[name] == arch
+        ckpts = tmp_path / "runs" / name / "checkpoints"
+        assert (ckpts / "checkpoint_last.pt").is_file(), name
+        shutil.rmtree(ckpts)  # a paper-size run's checkpoints take up to 1 GB: one at a time on disk
     assert {"ln_transformer_mini", "ln_transformer_iwslt_de_en", "ln_transformer_wmt_en_de"} <= set(
         trained.values())
