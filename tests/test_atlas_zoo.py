@@ -111,9 +111,22 @@ def test_driver_rounds_resume_and_budget(tmp_path):
     assert again == [] and plan2["stopped"].startswith("done")
 
 
-def test_driver_stops_launching_when_the_budget_cannot_hold_a_cell(tmp_path):
-    root, log = tmp_path / "runs", []
-    plan = driver.run_atlas(root, "mini", 1500.0, 2, fake_launcher(root, {}, log), GRID, log=lambda s: None)
+def clocked(inner, clock: list[float]):
+    """The fake launcher on a fake clock: two jobs at a time, each run advances it half its time."""
+
+    def launch(ovr: list[str]) -> float:
+        took = inner(ovr)
+        clock[0] += took / 2
+        return took
+
+    return launch
+
+
+def test_driver_stops_launching_when_the_budget_cannot_hold_a_cell(tmp_path, monkeypatch):
+    clock, root, log = [0.0], tmp_path / "runs", []
+    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    launch = clocked(fake_launcher(root, {}, log), clock)
+    plan = driver.run_atlas(root, "mini", 1500.0, 2, launch, GRID, log=lambda s: None)
     # 1500 s - 60 s reserve on 2 jobs, first-guess costs 155 s (6 layers) / 350 s (18): the claim cells
     # (7 deep, 16 shallow) cannot all fit
     assert plan["stopped"].startswith("budget") and plan["not_run"]
@@ -147,6 +160,23 @@ def test_a_round_cut_by_the_budget_is_offered_again_when_its_runs_end_early(tmp_
     assert any(tuple(sorted(c.items())) in launched for c in cut)  # a cut cell ran in a later round
     assert {("rezero", 6, 0), ("t_fixup", 6, 0)} <= {
         (d["placement"], d["depth"], d["warmup"]) for d in plan["launched"]}  # their claim's cells
+
+
+def test_the_claims_round_cut_by_the_budget_is_offered_again(tmp_path, monkeypatch):
+    """First guesses 3x the runs' real cost cut the claims' round; the measured costs that replace
+    them fit the rest, which run before the phases begin."""
+    clock, root, log = [0.0], tmp_path / "runs", []
+    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setitem(driver.DEFAULT_COST_S, "mini", {6: 300.0, 18: 900.0})  # the fake: 100 / 300 s
+    kinds = [Scheme(p) for p in ("post_ln", "pre_ln", "deepnorm", "rezero", "t_fixup", "b2t")]
+    plan = driver.run_atlas(root, "mini", 2400.0, 2, clocked(fake_launcher(root, {}, log), clock),
+                            GRID, log=lambda s: None, kinds=kinds)
+    claims = [c for c in driver.claim_cells(GRID) if c.arm.scheme in kinds]
+    launched = [tuple(sorted(d.items())) for d in plan["launched"]]
+    first_guesses = [300.0 if c.arm.depth == 6 else 900.0 for c in claims]
+    assert 0 < fits(first_guesses, 2, 2400.0 - driver.FIGURE_RESERVE_S) < len(claims)  # a cut round
+    assert all(tuple(sorted(driver._cell_doc(c, GRID).items())) in launched for c in claims)
+    assert len(launched) > len(claims)  # then the phases ran
 
 
 def _norms(d: Path, depth: int, last_rms: float, grad: float) -> None:

@@ -242,18 +242,24 @@ def run_atlas(
         return k
 
     seen_outcomes = SeenRuns(runs_root, grid, scale)
-    seen = seen_outcomes()
-    first = [
-        c
-        for c in claim_cells(grid)
-        if c.arm.scheme in kinds and c.seed not in seen.get((c.arm, c.lr_index), {})
-    ]
+
+    def claims_left() -> list[Cell]:
+        seen = seen_outcomes()
+        return [
+            c
+            for c in claim_cells(grid)
+            if c.arm.scheme in kinds and c not in tried and c.seed not in seen.get((c.arm, c.lr_index), {})
+        ]
+
     log(
         f"lnexp atlas: {len(kinds)} schemes, lrs {', '.join(f'{x:g}' for x in grid.lrs)}, warm-up "
         f"{grid.warmups}, depth {grid.depths}; budget {budget_s / 60:.0f} min, {state['spent_s'] / 60:.1f} "
         f"spent, {jobs} jobs"
     )
-    ok = run_round(first) == len(first) if first else True
+    ok = True
+    while ok and (first := claims_left()):
+        log(f"lnexp atlas: the claims' cells: {len(first)}; {remaining() / 60:.1f} min of the budget left")
+        ok = run_round(first) > 0  # cut by the budget: offered again, as the phases' rounds are
     if not ok:
         plan["stopped"] = f"budget: the claims' cells did not fit in {remaining():.0f} s"
     for name, arms, seeds in phases(grid, kinds) if ok else []:
