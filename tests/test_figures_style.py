@@ -48,3 +48,21 @@ def test_scheme_colours_read_on_white_and_differ():
              for a, b in itertools.combinations(colours, 2)
              if math.dist(lab(colours[a]), lab(colours[b])) < 30.0]
     assert not close
+
+
+def test_epoch_axes_tick_whole_epochs_for_a_one_epoch_run():
+    """matplotlib's integer locator falls back to 0.945, 0.96, ... when one epoch is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, bleu_ax) = plt.subplots(1, 2)
+    for ax in (loss_ax, bleu_ax):
+        ax.plot([1], [7.0], marker="o")
+    style.epoch_panels(loss_ax, bleu_ax, "(a)")
+    fig.canvas.draw()
+    lo, hi = loss_ax.get_xlim()
+    shown = [t for t in loss_ax.get_xticks() if lo <= t <= hi]
+    plt.close(fig)
+    assert shown == [1.0]

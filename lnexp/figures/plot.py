@@ -193,7 +193,7 @@ def draw(runs: list[Run], metrics: list[str], x: str, out: Path, seeds: str = "b
         unit = " (bits/token)" if metric.endswith("loss") else ""
         ax.set(xlabel=xlabel, ylabel=metric + unit, title=metric)
         if x != "wall":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # also a 1-epoch run
     handles, labels = axes[0][0].get_legend_handles_labels()
     # as many columns as fit over the panels (~15 characters per inch at the legend's 8 pt), so
     # that the legend never widens the picture and squeezes the panels

@@ -61,7 +61,7 @@ def epoch_panels(loss_ax, bleu_ax, title: str) -> None:
     loss_ax.set(title=f"{title}: validation loss", xlabel="epoch", ylabel="valid loss (bits/token)")
     bleu_ax.set(title=f"{title}: BLEU", xlabel="epoch", ylabel="valid BLEU")
     for ax in (loss_ax, bleu_ax):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole epochs, one run of 1 too
 
 
 def save(fig, out_dir: Path, name: str, note: str | None = None) -> list[Path]:
