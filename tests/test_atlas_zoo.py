@@ -122,6 +122,15 @@ def clocked(inner, clock: list[float]):
     return launch
 
 
+def test_a_copy_of_another_schemes_network_is_run_once():
+    """Sandwich-LN's config is Peri-LN's but for its name and its recipe's note."""
+    from lnexp.atlas.grid import read_grid
+
+    assert driver.same_networks() == {"sandwich_ln": "peri_ln"}
+    assert Scheme("peri_ln") in driver.schemes() and Scheme("sandwich_ln") not in driver.schemes()
+    assert not any("sandwich_ln" in c for c in driver.full_grid_commands("paper", read_grid("paper")))
+
+
 def test_driver_stops_launching_when_the_budget_cannot_hold_a_cell(tmp_path, monkeypatch):
     clock, root, log = [0.0], tmp_path / "runs", []
     monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))
@@ -251,6 +260,7 @@ def test_figure_draws_the_zoo_and_checks_the_claims(tmp_path):
     assert c["atlas_mix_ln_gradients"]["pass"] is True, c["atlas_mix_ln_gradients"]["ours"]
     assert c["atlas_no_norm_no_warmup"]["pass"] is True  # fake placements set no norm switch: no norm
     assert "no atlas_plan.json" not in doc["plan"]
+    assert "Sandwich-LN = Peri-LN's network, not run twice" in doc["plan"]
     with open(out / "atlas_lr.csv") as f:
         rows = {(r["scheme"], r["depth"], r["warmup"]): r for r in csv.DictReader(f)}
     assert float(rows[("pre_ln", "6", "0")]["largest_stable_lr"]) == 2e-3

@@ -8,7 +8,8 @@ are lnexp train's own), ``--jobs`` at a time. The full grid without adaptivity i
 multirun (``--full`` prints the commands; Hydra's joblib or submitit launcher runs them).
 
 The grid (lrs, warm-ups, depths, seeds) is the experiment's ``hydra.sweeper.params``; the schemes are
-every configs/placement/*.yaml with norm=layernorm, and DYT_PLACEMENTS with norm=dyt.
+every configs/placement/*.yaml with norm=layernorm (a copy of another's network once:
+``same_networks``), and DYT_PLACEMENTS with norm=dyt.
 """
 
 from __future__ import annotations
@@ -38,10 +39,38 @@ STATE_FILE = "atlas_state.json"  # in runs_root: time spent so far (a resumed at
 PLAN_FILE = "atlas_plan.json"  # in runs_root: cells launched, and the ones the budget left out
 
 
-def schemes() -> list[Scheme]:
+def same_networks() -> dict[str, str]:
+    """{placement: the earlier one it equals}: configs that differ only in their name and their
+    recipe's note train the same network to the same numbers (Sandwich-LN is Peri-LN's structure;
+    the measured atlas gave both the same losses to 4 decimals), so the atlas runs the first only."""
+    from omegaconf import OmegaConf
+
+    from lnexp.config import CONFIG_DIR
     from lnexp.names import PLACEMENTS
 
-    return [Scheme(p) for p in PLACEMENTS] + [Scheme(p, "dyt") for p in DYT_PLACEMENTS if p in PLACEMENTS]
+    first: dict[str, str] = {}
+    out = {}
+    for p in PLACEMENTS:
+        spec = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "placement" / f"{p}.yaml"))
+        spec.pop("name", None)
+        (spec.get("recipe") or {}).pop("why", None)
+        key = json.dumps(spec, sort_keys=True)
+        out.update({p: first[key]} if key in first else {})
+        first.setdefault(key, p)
+    return out
+
+
+def atlas_placements() -> list[str]:
+    """The placements the atlas trains: every configs/placement/*.yaml but a copy of an earlier one."""
+    from lnexp.names import PLACEMENTS
+
+    copies = same_networks()
+    return [p for p in PLACEMENTS if p not in copies]
+
+
+def schemes() -> list[Scheme]:
+    placements = atlas_placements()
+    return [Scheme(p) for p in placements] + [Scheme(p, "dyt") for p in DYT_PLACEMENTS if p in placements]
 
 
 def claim_cells(grid: Grid) -> list[Cell]:
@@ -202,6 +231,7 @@ def run_atlas(
         "launched": [],
         "not_run": [],
         "stopped": None,
+        "same_network": same_networks(),  # placements not run: their cells are these ones'
     }
 
     def cost(cell: Cell) -> float:
@@ -256,6 +286,8 @@ def run_atlas(
         f"{grid.warmups}, depth {grid.depths}; budget {budget_s / 60:.0f} min, {state['spent_s'] / 60:.1f} "
         f"spent, {jobs} jobs"
     )
+    for copy, of in plan["same_network"].items():
+        log(f"lnexp atlas: {copy} is the same network as {of} (configs/placement/): not run twice")
     ok = True
     while ok and (first := claims_left()):
         log(f"lnexp atlas: the claims' cells: {len(first)}; {remaining() / 60:.1f} min of the budget left")
@@ -296,15 +328,14 @@ def _cell_doc(c: Cell, grid: Grid) -> dict:
 
 def full_grid_commands(scale: str, grid: Grid) -> list[str]:
     """The whole grid as Hydra multiruns (``lnexp train -m``), for GPUs: no adaptivity, no budget."""
-    from lnexp.names import PLACEMENTS
-
+    placements = atlas_placements()
     common = (
         f"experiment={experiment_name(scale)} lr={','.join(f'{x:g}' for x in grid.lrs)} "
         f"warmup={','.join(map(str, grid.warmups))} depth={','.join(map(str, grid.depths))} "
         f"seed={','.join(map(str, grid.seeds))}"
     )
     return [
-        f"lnexp train -m {common} placement={','.join(PLACEMENTS)} norm=layernorm",
+        f"lnexp train -m {common} placement={','.join(placements)} norm=layernorm",
         f"lnexp train -m {common} placement={','.join(DYT_PLACEMENTS)} norm=dyt",
     ]
 

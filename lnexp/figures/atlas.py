@@ -634,6 +634,8 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     not_run = plan.get("not_run", [])
     plan_note = (f"lnexp atlas stopped: {plan.get('stopped')}; {len(not_run)} cells of its last round not run"
                  if plan else "no atlas_plan.json (cells not chosen by lnexp atlas)")
+    plan_note += "".join(f"; {Z.label(c)} = {Z.label(o)}'s network, not run twice"
+                         for c, o in plan.get("same_network", {}).items())
     cks = Z.zoo_checks(zgrid, lrs, shared, depths, warmups, placements)
     write_csv(args.out / "atlas_maps.csv", Z.MAP_FIELDS, map_rows)
     write_csv(args.out / "atlas_lr.csv", Z.LR_FIELDS, lr_rows)

@@ -399,7 +399,7 @@ def order(schemes: list[str], lr_rows: list[dict[str, Any]], depth: int) -> list
     return sorted(schemes, key=score)
 
 
-def _label(scheme: str) -> str:
+def label(scheme: str) -> str:
     from lnexp.figures import style
 
     p, _, n = scheme.partition("+")
@@ -465,7 +465,7 @@ def draw_maps(
             )
             ax.set_yticks(range(len(warmups)), [f"wu {w}" for w in warmups] if j == 0 else [], fontsize=5)
             ax.set_title(
-                f"{_label(s)}, {d}L" if j == 0 else f"{d}L",
+                f"{label(s)}, {d}L" if j == 0 else f"{d}L",
                 fontsize=6.5,
                 color=_colour(s) if j == 0 else "black",
             )
@@ -518,7 +518,7 @@ def draw_lr(
         ax.set_xticks([floor, *lrs], ["none", *[f"{lr:g}" for lr in lrs]], fontsize=6)
         ax.minorticks_off()
         ax.set_xlim(floor / 1.4, lrs[-1] * 1.4)
-        ax.set_yticks(range(len(schemes)), [_label(s) for s in schemes], fontsize=6.5)
+        ax.set_yticks(range(len(schemes)), [label(s) for s in schemes], fontsize=6.5)
         if ax is axes[0, 0]:  # the axes share y: invert it once
             ax.invert_yaxis()
         ax.set(title=f"depth {d}+{d}: largest stable lr", xlabel="peak lr")
@@ -566,7 +566,7 @@ def draw_bars(
                 )
                 if low and r.get(low) is not None and math.isfinite(r[low]):
                     ax.plot([r[low], r[high]], [y + off] * 2, color="black", lw=0.8)
-        ax.set_yticks(range(len(schemes)), [_label(s) for s in schemes], fontsize=6.5)
+        ax.set_yticks(range(len(schemes)), [label(s) for s in schemes], fontsize=6.5)
         if ax is axes[0, 0]:  # the axes share y: invert it once
             ax.invert_yaxis()
         if log:
