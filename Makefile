@@ -78,7 +78,7 @@ fig4: install
 	$(LNEXP) figure fig4 --scale $(SCALE)
 
 # The zoo atlas (docs/atlas.md): the dt column (8 runs at mini), then lnexp atlas's adaptive rounds
-# within its budget (mini: 105 min on 2 cores; ATLAS_ARGS="--budget-min N --jobs N" to change), then
+# within its budget (mini: 100 min on 2 cores; ATLAS_ARGS="--budget-min N --jobs N" to change), then
 # the figures. Rerunning resumes: finished runs are skipped, the budget left is spent.
 ATLAS_ARGS ?=
 atlas: install

@@ -35,6 +35,9 @@ DYT_PLACEMENTS = ("pre_ln", "post_ln")  # norm=dyt cells: DyT against LayerNorm 
 # them (the slowest, +10%).
 DEFAULT_COST_S = {"mini": {6: 155.0, 18: 350.0}, "paper": {6: 3600.0, 18: 9000.0}}
 FIGURE_RESERVE_S = 60.0  # kept back for lnexp figure atlas at the end
+# Default budget at mini scale: make atlas = install (~2 min) + the dt column (~11 min) + these
+# rounds + the figures, which must end within 2 hours on 2 cores with room for a slow run or install.
+MINI_BUDGET_MIN = 100.0
 STATE_FILE = "atlas_state.json"  # in runs_root: time spent so far (a resumed atlas spends the rest)
 PLAN_FILE = "atlas_plan.json"  # in runs_root: cells launched, and the ones the budget left out
 
@@ -352,8 +355,8 @@ def main(argv: list[str]) -> int:
         "--budget-min",
         type=float,
         default=None,
-        help="minutes for all rounds (default: mini "
-        "105, other scales no limit); a resumed atlas spends what is left",
+        help=f"minutes for all rounds (default: mini {MINI_BUDGET_MIN:g}, other scales no limit); "
+        "a resumed atlas spends what is left",
     )
     ap.add_argument(
         "--jobs", type=int, default=2, help="runs at once (default 2: two 1-thread jobs on 2 cores)"
@@ -382,7 +385,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(full_grid_commands(args.scale, grid)))
         return 0
     budget = (
-        args.budget_min if args.budget_min is not None else (105.0 if args.scale == "mini" else 1e9)
+        args.budget_min if args.budget_min is not None else (MINI_BUDGET_MIN if args.scale == "mini" else 1e9)
     ) * 60
     extra = [f"runs_root={args.runs_root}", *args.overrides]
     run_atlas(args.runs_root, args.scale, budget, args.jobs, launch_subprocess(extra), grid)
