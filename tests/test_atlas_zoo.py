@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from lnexp.atlas import driver
 from lnexp.atlas.grid import Grid
 from lnexp.atlas.plan import Arm, Cell, Scheme, bracket, fits, next_cells
@@ -287,6 +289,27 @@ def test_a_bound_is_known_only_against_the_atlas_grid_not_the_lrs_run(tmp_path):
     assert (rows["pre_ln"]["largest_stable_lr"], rows["pre_ln"]["top"], rows["pre_ln"]["known"]) == (
         "0.004", "False", "False")
     assert (rows["hybridnorm"]["largest_stable_lr"], rows["hybridnorm"]["known"]) == ("", "False")
+    table = (out / "atlas_table.md").read_text()  # the per-scheme table docs/atlas.md quotes
+    assert "| 6+6, no warm-up |" in table
+    assert "| Pre-LN | ≥ 0.004; " in table and "grid top" not in table
+    assert "| HybridNorm | fails at 0.001; " in table and "lowest lr" not in table
+
+
+@pytest.mark.parametrize("row,text", [
+    (None, "not run"),
+    ({"largest_stable_lr": None, "first_failing_lr": None, "known": False, "top": False}, "not known"),
+    ({"largest_stable_lr": None, "first_failing_lr": 5e-4, "known": True, "top": False},
+     "fails at 0.0005 (the lowest lr)"),
+    ({"largest_stable_lr": 8e-3, "first_failing_lr": None, "known": True, "top": True}, "≥ 0.008 (grid top)"),
+    ({"largest_stable_lr": 1e-3, "first_failing_lr": 2e-3, "known": True, "top": False}, "**0.001**"),
+    ({"largest_stable_lr": 1e-3, "first_failing_lr": 4e-3, "known": False, "top": False},
+     "0.001 ok, 0.004 fails"),
+    ({"largest_stable_lr": 1e-3, "first_failing_lr": None, "known": False, "top": False}, "≥ 0.001"),
+])
+def test_the_per_scheme_table_says_how_well_a_bound_is_known(row, text):
+    from lnexp.figures.atlas_zoo import bound_text
+
+    assert bound_text(row) == text
 
 
 def test_driver_does_not_retry_a_failing_run_in_a_loop(tmp_path):

@@ -30,7 +30,7 @@ from lnexp.figures.figure import Figure
 from lnexp.figures.measured import write_csv
 from lnexp.names import PLACEMENTS
 from lnexp.results import Run
-from lnexp.rundir import run_paths
+from lnexp.rundir import run_paths, write_text
 
 OUTCOMES = ("trained", "plateau", "diverged", "missing")
 DT_PLACEMENTS = ("pre_ln", "peri_ln")  # the placements with a dt column
@@ -568,7 +568,8 @@ def main(argv: list[str]) -> int:
         "stable_means": "every seed of the cell trained: no NaN/inf, not on the unigram plateau",
         "plan": plan_note})
     R.print_outputs(cks, paths, args.out, ("atlas.csv", "atlas_summary.csv", "atlas_norms.csv",
-                                          *(f"{n}.csv" for n in ZOO_FIGURES), "atlas_checks.json"),
+                                          *(f"{n}.csv" for n in ZOO_FIGURES), "atlas_table.md",
+                                          "atlas_checks.json"),
                    marks=("supported", "NOT supported", "undecided (not measured, or beyond the grid)"))
     return 0
 
@@ -641,6 +642,8 @@ def zoo_outputs(runs: list[Run], args) -> tuple[list[Check], list, str]:
     write_csv(args.out / "atlas_lr.csv", Z.LR_FIELDS, lr_rows)
     write_csv(args.out / "atlas_loss.csv", Z.LOSS_FIELDS, loss_rows)
     write_csv(args.out / "atlas_growth.csv", Z.GROWTH_FIELDS, growth_rows)
+    write_text(args.out / "atlas_table.md",
+               Z.scheme_table(lr_rows, loss_rows, ordered, depths, warmups, shared))
     grey = sum(1 for s in ordered for d in depths for w in warmups for lr in lrs
                if (s, d, w, lr) not in zgrid)
     base = f"scale={args.scale}; {len(ordered)} schemes, sorted by largest stable lr at depth {min(depths)}"

@@ -403,7 +403,54 @@ def label(scheme: str) -> str:
     from lnexp.figures import style
 
     p, _, n = scheme.partition("+")
-    return style.LABELS.get(p, p) + (f"+{n.upper() if n == 'dyt' else n}" if n else "")
+    return style.LABELS.get(p, p) + (f"+{'DyT' if n == 'dyt' else n}" if n else "")
+
+
+def bound_text(row: dict[str, Any] | None) -> str:
+    """One arm's largest stable lr as the per-scheme table writes it: **bold** when a failure one grid
+    step above brackets it, "≥" when nothing above it failed (cells not run), "a ok, b fails" when
+    the step between was not run."""
+    if row is None:
+        return "not run"
+    lr, fail = row["largest_stable_lr"], row["first_failing_lr"]
+    if lr is None:  # no cell stable below the first failure (or no outcome yet)
+        return f"fails at {fail:g}" + (" (the lowest lr)" if row["known"] else "") if fail else "not known"
+    if row["top"]:
+        return f"≥ {lr:g} (grid top)"
+    if row["known"]:
+        return f"**{lr:g}**"
+    return f"{lr:g} ok, {fail:g} fails" if fail is not None else f"≥ {lr:g}"
+
+
+def scheme_table(
+    lr_rows: list[dict[str, Any]],
+    loss_rows: list[dict[str, Any]],
+    schemes: list[str],
+    depths: list[int],
+    warmups: list[int],
+    shared: float,
+) -> str:
+    """The per-scheme table (atlas_table.md, quoted in docs/atlas.md): per arm the largest stable lr
+    and the final valid loss at the shared lr (mean over seeds, n when more than one)."""
+    bounds = {(r["scheme"], r["depth"], r["warmup"]): r for r in lr_rows}
+    losses = {(r["scheme"], r["depth"], r["warmup"]): r for r in loss_rows}
+    arms = [(d, w) for d in depths for w in warmups]
+    head = ["scheme", *[f"{d}+{d}, " + (f"warm-up {w}" if w else "no warm-up") for d, w in arms]]
+    lines = [
+        f"Largest stable lr; final valid loss (bits/token) at the shared lr {shared:g}, mean over seeds.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for s in schemes:
+        cells = []
+        for d, w in arms:
+            text, m = bound_text(bounds.get((s, d, w))), losses.get((s, d, w))
+            if m is not None and m["mean_valid_loss"] is not None and math.isfinite(m["mean_valid_loss"]):
+                text += f"; {m['mean_valid_loss']:.2f}" + (f" (n={m['n']})" if m["n"] > 1 else "")
+            cells.append(text)
+        lines.append(f"| {label(s)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _colour(scheme: str) -> str:
