@@ -299,7 +299,8 @@ class Norm:
         return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
 
 
-def _group_file(group: str, name: str) -> Any:
+def group_file(group: str, name: str) -> Any:
+    """configs/GROUP/NAME.yaml as a node; an unknown name lists the options."""
     from omegaconf import OmegaConf
 
     path = CONFIG_DIR / group / f"{name}.yaml"
@@ -315,7 +316,7 @@ def placement_of(args: Any) -> Placement:
     spec = getattr(args, "placement_spec", None)
     if spec:
         return Placement.from_json(spec)
-    node = _group_file("placement", getattr(args, "placement", None) or "post_ln")
+    node = group_file("placement", getattr(args, "placement", None) or "post_ln")
     placement = Placement.from_config(node)
     if getattr(args, "embed_norm", False):
         from dataclasses import replace
@@ -341,4 +342,4 @@ def norm_of(args: Any) -> Norm:
     spec = getattr(args, "norm_spec", None)
     if spec:
         return Norm.from_config(json.loads(spec))
-    return Norm.from_config(_group_file("norm", getattr(args, "norm", None) or "layernorm"))
+    return Norm.from_config(group_file("norm", getattr(args, "norm", None) or "layernorm"))

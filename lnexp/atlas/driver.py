@@ -43,21 +43,20 @@ PLAN_FILE = "atlas_plan.json"  # in runs_root: cells launched, and the ones the 
 
 
 def same_networks() -> dict[str, str]:
-    """{placement: the earlier one it equals}: configs that differ only in their name and their
-    recipe's note train the same network to the same numbers (Sandwich-LN is Peri-LN's structure;
-    the measured atlas gave both the same losses to 4 decimals), so the atlas runs the first only."""
-    from omegaconf import OmegaConf
+    """{placement: the earlier one it equals}: placements whose structure (lnexp.scheme.Placement, what
+    the model is built from) differs only in its name train the same network to the same numbers
+    (Sandwich-LN is Peri-LN's structure; the measured atlas gave both the same losses to 4 decimals),
+    so the atlas runs the first only. Their recipes do not matter here: every atlas experiment sets
+    the schedule and the warm-up."""
+    from dataclasses import replace
 
-    from lnexp.config import CONFIG_DIR
     from lnexp.names import PLACEMENTS
+    from lnexp.scheme import Placement, group_file
 
     first: dict[str, str] = {}
     out = {}
     for p in PLACEMENTS:
-        spec = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "placement" / f"{p}.yaml"))
-        spec.pop("name", None)
-        (spec.get("recipe") or {}).pop("why", None)
-        key = json.dumps(spec, sort_keys=True)
+        key = replace(Placement.from_config(group_file("placement", p)), name="").to_json()
         out.update({p: first[key]} if key in first else {})
         first.setdefault(key, p)
     return out
