@@ -31,13 +31,6 @@ LENGTH_KEYS = ("max_epoch", "max_update")
 MAX_LAYERS = 1000
 
 
-def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("run_name"):
-        from lnexp.run_names import run_name  # the run folder's name (lnexp/run_names.py)
-
-        OmegaConf.register_new_resolver("run_name", run_name)
-
-
 def config_keys() -> set[str]:
     """Every dotted key the training config can hold, under any option of any group (read from the
     YAML files, without composing: for readers of finished runs such as ``lnexp results``)."""
@@ -198,7 +191,6 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    register_resolvers()
     if "fairseq" in sys.modules:  # its Hydra schemas ("optimizer/adam") would shadow lnexp's groups
         hide_fairseq_schemas()
     parser = OverridesParser.create()

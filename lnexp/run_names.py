@@ -37,6 +37,13 @@ _NOTED: set[str] = set()
 NAME_MAX = 255  # bytes in one folder name (ext4, xfs, btrfs, APFS): a longer name fails to open
 
 
+def register_resolver() -> None:
+    """Make ``${run_name:...}`` of configs/train.yaml resolvable: the Hydra app calls it before it
+    starts (Hydra's launchers carry OmegaConf's resolvers to their workers)."""
+    if not OmegaConf.has_resolver("run_name"):
+        OmegaConf.register_new_resolver("run_name", run_name)
+
+
 def run_name(task_overrides: Any, exclude_keys: Any = (), runs_root: str = "",
              typed_name: str | None = None, *, _root_: DictConfig | None = None) -> str:
     """The ``run_name`` resolver of configs/train.yaml (``hydra.run.dir``, ``hydra.sweep.subdir``):

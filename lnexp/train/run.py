@@ -198,14 +198,14 @@ def shell_completion(argv: list[str]) -> int:
 
     import hydra
 
-    from lnexp import config
+    from lnexp import config, run_names
 
     i = max(argv.index(f) for f in ("-sc", "--shell-completion") if f in argv)
     value = argv[i + 1] if i + 1 < len(argv) else ""
     if not re.fullmatch(r"(install|uninstall|query)=(bash|zsh|fish)", value):
         raise ConfigError(f"-sc {value!r}: use -sc install=bash (zsh: install=bash under "
                           "bashcompinit; fish: install=fish), or uninstall=bash")
-    config.register_resolvers()
+    run_names.register_resolver()
     old = sys.argv
     sys.argv = ["lnexp", "-sc", value]  # Hydra's script completes the command named argv[0]
     try:
@@ -218,7 +218,7 @@ def shell_completion(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     import hydra
 
-    from lnexp import config
+    from lnexp import config, run_names
     from lnexp.train.sharing import passive_wait_if_shared
 
     if {"--help", "-h"} & set(argv):  # Hydra's help drops the YAML comments that explain the keys
@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
 
         print(train_help())
         return 0
-    config.register_resolvers()
+    run_names.register_resolver()
     passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
