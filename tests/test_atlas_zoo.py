@@ -342,3 +342,61 @@ def test_order_sorts_schemes_with_unequal_rows():
             {"scheme": "b", "depth": 6, "largest_stable_lr": 4e-3},
             {"scheme": "c", "depth": 6, "largest_stable_lr": None}]
     assert order(["c", "a", "b"], rows, 6) == ["b", "a", "c"]
+
+
+# --- the claims and the sequential allocation (pure) -----------------------------------------------
+
+
+def test_allocation_gives_the_next_slots_to_the_cheapest_undecided_claim():
+    from lnexp.atlas.plan import Need, allocate
+
+    arm = lambda p, d=6: Arm(Scheme(p), 0, d)  # noqa: E731
+    cheap = Need("cheap", False, (Job(arm("a"), 1, 2), Job(arm("b"), 1, 2)), 300.0)
+    dear = Need("dear", False, (Job(arm("c", 18), 1, 1), Job(arm("a"), 1, 2)), 900.0)
+    done = Need("done", True, (Job(arm("d"), 1, 1),), 10.0)
+    beyond = Need("beyond", False, (Job(arm("e", 18), 1, 1),) * 1, 5000.0)
+    assert allocate([dear, done, cheap, beyond], 2, 4000.0) == list(cheap.jobs)
+    # more slots: the next claim's runs follow, a run two claims share is launched once
+    assert allocate([dear, done, cheap, beyond], 4, 4000.0) == [*cheap.jobs, dear.jobs[0]]
+    assert allocate([done], 2, 4000.0) == []  # a decided claim gets no run
+    assert allocate([beyond], 2, 4000.0) == []  # nor one the budget cannot decide
+    assert allocate([beyond], 2, 6000.0) == list(beyond.jobs)
+
+
+def mem_run(placement: str, lr: float, seed: int, loss: float | None, norm: str = "layernorm", warmup: int = 0,
+            depth: int = 6, dt: float = 1.0):
+    """A finished run as lnexp.results reads it (no folder: the claims on losses need none);
+    ``loss`` None: it stalled on the plateau."""
+    from lnexp.results import Run
+
+    cfg = {"placement": {"name": placement}, "norm": {"name": norm}, "lr": lr, "warmup": warmup, "seed": seed,
+           "depth": {"encoder_layers": depth}, "residual_scale": dt}
+    status = {"status": "done"} if loss is not None else {"status": "diverged", "diverged": PLATEAU}
+    return Run(Path("/nonexistent"), f"{placement}{norm}{lr}{seed}", cfg, status,
+               [{"valid_loss": 8.4 if loss is None else loss}])
+
+
+def test_claims_decide_from_the_runs_and_say_what_the_undecided_need():
+    from lnexp.atlas import claims as C
+    from lnexp.atlas.outcomes import cells
+
+    runs = []
+    for s in (1, 2, 3):  # DyT 0.6 bit above LayerNorm in both placements, both warm-ups: outside 0.1 bit
+        for p in ("pre_ln", "post_ln"):
+            for w in (0, 40):
+                runs.append(mem_run(p, 1e-3, s, 7.0 + 0.01 * s, warmup=w))
+                runs.append(mem_run(p, 1e-3, s, 7.6 + 0.012 * s, norm="dyt", warmup=w))
+    for s in range(1, 5):  # Pre-LN trains at 4x the shared lr on every seed, Post-LN on none
+        runs += [mem_run("pre_ln", 4e-3, s, 6.5), mem_run("post_ln", 4e-3, s, None)]
+    verdicts = {v.claim.id: v for v in C.evaluate(GRID, cells(runs))}
+    dyt, pre = verdicts["atlas_dyt_parity"], verdicts["atlas_pre_ln_where_post_ln_fails"]
+    assert dyt.verdict == "not supported" and dyt.p_refute_holm < C.ALPHA <= dyt.p_holm
+    assert pre.verdict == "supported" and pre.p == pytest.approx(2 ** -8) and pre.p_holm >= pre.p
+    assert pre.jobs == () and dyt.jobs == ()  # decided: no more runs
+    rescued = verdicts["atlas_deep_post_ln_rescued"]  # nothing run: undecided, with the runs it needs
+    assert rescued.verdict == "undecided" and rescued.runs_needed == len(rescued.jobs) > 0
+    assert rescued.text == f"undecided: needs {rescued.runs_needed} more runs"
+    assert {j.arm.depth for j in rescued.jobs} == {18} and {j.arm.warmup for j in rescued.jobs} == {40}
+    spread = verdicts["atlas_peri_smaller_spread"]
+    assert spread.jobs and {j.seed for j in spread.jobs} == {1, 2, 3}  # the pilot seeds first
+    assert {a for a, _ in C.claim_cells(GRID)} >= {Arm(Scheme("pre_ln"), 0, 6, 0.1), Arm(Scheme("admin"), 40, 18)}

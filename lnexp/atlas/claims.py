@@ -354,7 +354,8 @@ def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: 
                 v.note = (f"undecided: needs {v.runs_needed}{more} more runs ({n}{more} seeds per cell; the "
                           f"atlas runs at most {MAX_SEEDS})")
             else:  # a paired claim gets its pilot seeds before its spread is estimated from them
-                v.jobs = tuple(_next_jobs(ats, min(n, MAX_SEEDS), grid, cells, set(tried)))
+                pilot = v.claim.test not in STABILITY and have < PILOT
+                v.jobs = tuple(_next_jobs(ats, PILOT if pilot else min(n, MAX_SEEDS), grid, cells, set(tried)))
     return out
 
 
@@ -394,6 +395,11 @@ def _holm(verdicts: list[Verdict], alpha: float) -> None:
 
 def needs(verdicts: list[Verdict], cost: dict[int, float]) -> list[Need]:
     """Per claim, what the allocation (lnexp.atlas.plan.allocate) weighs: decided or not, its next
-    runs, their cost (``cost``: seconds per run by depth)."""
-    return [Need(v.claim.id, v.verdict != "undecided", v.jobs,
-                 sum(cost.get(j.arm.depth, max(cost.values())) for j in v.jobs)) for v in verdicts]
+    runs, and what deciding it costs: the runs it needs at the cost of its next ones (``cost``:
+    seconds per run by depth)."""
+    out = []
+    for v in verdicts:
+        per = [cost.get(j.arm.depth, max(cost.values())) for j in v.jobs]
+        out.append(Need(v.claim.id, v.verdict != "undecided", v.jobs,
+                        sum(per) / len(per) * max(v.runs_needed, len(per)) if per else 0.0))
+    return out
