@@ -155,17 +155,19 @@ def tost(a: list[float], b: list[float], margin: float) -> tuple[float, float]:
 def spread_p(a: list[float], b: list[float]) -> tuple[float, float]:
     """(p that a's spread over seeds is smaller than b's, p that it is larger): Levene's test
     (scipy.stats.levene, centred on the mean), halved in the direction the variances point.
-    1.0 for fewer than 2 values in an arm."""
+    1.0 for fewer than 3 values in an arm (with 2, both deviations from the mean are equal: the
+    test has no within-arm spread to compare against)."""
     a, b = finite(a), finite(b)
-    if len(a) < 2 or len(b) < 2:
+    if len(a) < 3 or len(b) < 3:
         return 1.0, 1.0
     import numpy as np
     from scipy.stats import levene
 
-    with np.errstate(divide="ignore", invalid="ignore"):  # no spread of the deviations: nan, below
-        p = float(levene(a, b, center="mean").pvalue)
-    if math.isnan(p):  # no spread in either arm
-        return 1.0, 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        res = levene(a, b, center="mean")
+    if not (math.isfinite(float(res.statistic)) and math.isfinite(float(res.pvalue))):
+        return 1.0, 1.0  # no spread of the deviations in either arm
+    p = float(res.pvalue)
     smaller = statistics.variance(a) < statistics.variance(b)
     return (p / 2, 1 - p / 2) if smaller else (1 - p / 2, p / 2)
 

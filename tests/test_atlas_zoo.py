@@ -363,8 +363,8 @@ def test_allocation_gives_the_next_slots_to_the_cheapest_undecided_claim():
     assert allocate([beyond], 2, 6000.0) == list(beyond.jobs)
 
 
-def mem_run(placement: str, lr: float, seed: int, loss: float | None, norm: str = "layernorm", warmup: int = 0,
-            depth: int = 6, dt: float = 1.0):
+def mem_run(placement: str, lr: float, seed: int, loss: float | None, norm: str = "layernorm",
+            warmup: int = 0, depth: int = 6, dt: float = 1.0):
     """A finished run as lnexp.results reads it (no folder: the claims on losses need none);
     ``loss`` None: it stalled on the plateau."""
     from lnexp.results import Run
@@ -399,4 +399,5 @@ def test_claims_decide_from_the_runs_and_say_what_the_undecided_need():
     assert {j.arm.depth for j in rescued.jobs} == {18} and {j.arm.warmup for j in rescued.jobs} == {40}
     spread = verdicts["atlas_peri_smaller_spread"]
     assert spread.jobs and {j.seed for j in spread.jobs} == {1, 2, 3}  # the pilot seeds first
-    assert {a for a, _ in C.claim_cells(GRID)} >= {Arm(Scheme("pre_ln"), 0, 6, 0.1), Arm(Scheme("admin"), 40, 18)}
+    needed = {a for a, _ in C.claim_cells(GRID)}
+    assert needed >= {Arm(Scheme("pre_ln"), 0, 6, 0.1), Arm(Scheme("admin"), 40, 18)}

@@ -211,8 +211,10 @@ def _share(k: int, n: int, claimed: float) -> float:
 
 
 def _cell_text(label: str, k: int, n: int) -> str:
+    if n == 0:
+        return f"{label} not run"
     lo, hi = S.wilson(k, n)
-    return f"{label} {k}/{n} trained" + (f" [{lo:.2f}, {hi:.2f}]" if n else "")
+    return f"{label} {k}/{n} trained [{lo:.2f}, {hi:.2f}]"
 
 
 def _stability(claim: Claim, a: At, b: At | None, grid: Grid, cells: Cells, alpha: float) -> Part:
@@ -257,7 +259,7 @@ def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, cells: Cells, alpha:
         p, refute = S.tost(xa, xb, claim.effect)
         gap = claim.effect - abs(d.mean) if d.n else claim.effect
         n = S.paired_n(gap, sd, alpha) if gap > 0 else S.paired_n(-gap, sd, alpha / 2)
-        return Part(f"{la} - {lb}: {_interval(d)} {unit}; TOST p = {p:.3g}", p, refute, d.n, n,
+        return Part(f"{what} ({unit}), {la} - {lb}: {_interval(d)}; TOST p = {p:.3g}", p, refute, d.n, n,
                     d.n > 0 and gap <= 0, numbers | {"mean": d.mean, "ci": [d.low, d.high]})
     d = S.paired([y - x for x, y in zip(xa, xb, strict=True)], claim.effect)
     side = f"{what} ({unit}), {lb} - {la}"
@@ -355,7 +357,8 @@ def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: 
                           f"atlas runs at most {MAX_SEEDS})")
             else:  # a paired claim gets its pilot seeds before its spread is estimated from them
                 pilot = v.claim.test not in STABILITY and have < PILOT
-                v.jobs = tuple(_next_jobs(ats, PILOT if pilot else min(n, MAX_SEEDS), grid, cells, set(tried)))
+                target = PILOT if pilot else min(n, MAX_SEEDS)
+                v.jobs = tuple(_next_jobs(ats, target, grid, cells, set(tried)))
     return out
 
 
