@@ -343,9 +343,9 @@ def full_grid_commands(scale: str, grid: Grid) -> list[str]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="lnexp atlas",
-        description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen "
-        "adaptively (bisection for the largest stable lr, extra seeds at the boundary) within a time budget; "
-        "rerun to resume. Then: lnexp figure atlas --scale SCALE",
+        description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen in rounds within a "
+        "time budget (coverage of every scheme, then the claims' runs to the claim cheapest to decide, then "
+        "bisection for the largest stable lr); rerun to resume. Then: lnexp figure atlas --scale SCALE",
     )
     ap.add_argument("--scale", default="mini", help="mini (CPU) or paper (GPU): experiment=atlas_SCALE")
     ap.add_argument(
