@@ -309,6 +309,9 @@ def run_atlas(
     if ok:
         plan["stopped"] = "done: every phase finished"
     log(f"lnexp atlas: {plan['stopped']}; {len(plan['not_run'])} cells of the last round not run")
+    plan["claims"] = {v.claim.id: v.text for v in C.evaluate(grid, seen(), own, tried)}
+    for cid, text in plan["claims"].items():
+        log(f"lnexp atlas: {cid}: {text}")
     _write(plan_path, plan)
     return plan
 
