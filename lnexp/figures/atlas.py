@@ -29,6 +29,7 @@ from lnexp.figures.figure import Figure
 from lnexp.figures.measured import write_csv
 from lnexp.results import Run
 from lnexp.rundir import write_text
+from lnexp.stats import summarise, wilson
 
 RUN_FIELDS = ("experiment", "run", "scheme", "depth", "lr", "warmup", "dt", "seed", "status", "outcome",
               "diverged_update", "diverged_reason", "updates", "final_valid_loss", "final_valid_nll_loss",
@@ -59,8 +60,6 @@ def run_row(run: Run) -> dict[str, Any]:
 
 
 def cell_row(c) -> dict[str, Any]:
-    from lnexp.stats import wilson
-
     low, high = wilson(c.trained, c.finished)
     loss = c.losses()
     return {**c.row(), "trained_low": R.rounded(low, 3), "trained_high": R.rounded(high, 3),
@@ -157,8 +156,6 @@ def draw(got: Cells, grid: Grid, args, plan: dict) -> tuple[list, str]:
     loss_rows, growth_rows = [], []
     for (a, lr), c in got.items():
         if lr == shared and a.dt == 1.0:
-            from lnexp.stats import summarise
-
             m = summarise(c.losses())
             loss_rows.append({"scheme": a.scheme.label, "depth": a.depth, "warmup": a.warmup, "lr": lr,
                               "n": m.n, "mean_valid_loss": R.rounded(m.mean), "ci_low": R.rounded(m.low),
@@ -189,15 +186,12 @@ def draw(got: Cells, grid: Grid, args, plan: dict) -> tuple[list, str]:
     for g in growth_rows:
         if g["lr"] == shared and g["side"] == "decoder" and g["dt"] == 1.0:
             agg[(g["scheme"], g["depth"], g["warmup"])].append(g["last_layer_rms"])
-    from lnexp.stats import summarise
-
     bars = [{"scheme": s, "depth": d, "warmup": w, "mean": (m := summarise(v)).mean,
              "low": m.low if m.n > 1 else None, "high": m.high if m.n > 1 else None}
             for (s, d, w), v in agg.items()]
     paths += style.save(Z.draw_bars(loss_rows, ordered, depths, warmups, "mean_valid_loss", "ci_low",
                                     "ci_high", "final valid loss (bits/token)", f"loss at lr {shared:g}"),
-                        args.out,
-                        "atlas_loss", f"{base}; mean over seeds, line = 95% t-interval (n >= 2)")
+                        args.out, "atlas_loss", f"{base}; mean over seeds, line = 95% t-interval (n >= 2)")
     paths += style.save(Z.draw_bars(bars, ordered, depths, warmups, "mean", "low", "high",
                                     "decoder last-layer RMS at the end", f"hidden state, lr {shared:g}",
                                     log=True),
