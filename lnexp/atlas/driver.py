@@ -37,7 +37,7 @@ from lnexp.errors import UserError
 
 DYT_PLACEMENTS = ("pre_ln", "post_ln")  # norm=dyt cells: DyT against LayerNorm in the same placement
 # Seconds per run, two jobs of one thread each on 2 idle cores, before any run of this atlas has
-# been timed (mini: the medians of the measured make atlas, docs/atlas.md); measured runs replace
+# been timed (mini: the medians of the Intel make atlas of 2026-12-02, docs/results.md); measured runs replace
 # them (the slowest, +10%).
 DEFAULT_COST_S = {"mini": {6: 155.0, 18: 350.0}, "paper": {6: 3600.0, 18: 9000.0}}
 FIGURE_RESERVE_S = 60.0  # kept back for lnexp figure atlas at the end

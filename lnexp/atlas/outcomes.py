@@ -197,16 +197,21 @@ def cells(runs: Iterable[Run]) -> Cells:
     return dict(sorted(out.items()))
 
 
+def boundary(states: list[bool | None]) -> tuple[int, int]:
+    """(lo, hi) over an arm's lrs by increasing index (stable, failed, or None: not known): hi the
+    first failure's index (len(states): none), lo the largest index stable below it (-1: none).
+    The largest stable lr lies between them: the plan bisects there, the figures draw it."""
+    hi = next((i for i, s in enumerate(states) if s is False), len(states))
+    return max((i for i in range(hi) if states[i] is True), default=-1), hi
+
+
 def largest_stable(grid: Cells, lrs: list[float], arm: Arm) -> dict[str, Any]:
     """Largest lr stable with every lower *measured* lr stable (bisection leaves gaps): ``known``
     once a failure is seen right above it or it is the grid's top; ``first_fail``: the lowest
     failing lr."""
-    states = [grid[(arm, lr)].stable if (arm, lr) in grid else None for lr in lrs]
-    fail = next((i for i, s in enumerate(states) if s is False), None)
-    below = states[:fail] if fail is not None else states
-    best = max((i for i, s in enumerate(below) if s is True), default=None)
-    first_fail = lrs[fail] if fail is not None else None
-    if best is None:
-        return {"lr": None, "top": False, "known": fail == 0, "first_fail": first_fail}
-    top = fail is None and best == len(lrs) - 1
-    return {"lr": lrs[best], "top": top, "known": top or fail == best + 1, "first_fail": first_fail}
+    lo, hi = boundary([grid[(arm, lr)].stable if (arm, lr) in grid else None for lr in lrs])
+    first_fail = lrs[hi] if hi < len(lrs) else None
+    if lo < 0:
+        return {"lr": None, "top": False, "known": hi == 0, "first_fail": first_fail}
+    top = hi == len(lrs) and lo == len(lrs) - 1
+    return {"lr": lrs[lo], "top": top, "known": top or hi == lo + 1, "first_fail": first_fail}

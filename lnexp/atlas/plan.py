@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from lnexp.atlas.outcomes import Arm, stable_of
+from lnexp.atlas.outcomes import Arm, boundary, stable_of
 
 
 @dataclass(frozen=True, order=True)
@@ -36,10 +36,7 @@ def stable(outcomes: Mapping[int, str] | None) -> bool | None:
 def bracket(arm: Arm, n_lrs: int, seen: Seen) -> tuple[int, int]:
     """(lo, hi): lo the largest lr index known stable below the first known failure (-1: none),
     hi that failure's index (n_lrs: none seen). The boundary lies between them."""
-    states = [stable(seen.get((arm, i))) for i in range(n_lrs)]
-    hi = next((i for i, s in enumerate(states) if s is False), n_lrs)
-    lo = max((i for i in range(hi) if states[i] is True), default=-1)
-    return lo, hi
+    return boundary([stable(seen.get((arm, i))) for i in range(n_lrs)])
 
 
 def next_probe(arm: Arm, n_lrs: int, shared: int, seen: Seen) -> int | None:
