@@ -217,12 +217,13 @@ def _cell_text(label: str, k: int, n: int) -> str:
     return f"{label} {k}/{n} trained [{lo:.2f}, {hi:.2f}]"
 
 
-def _stability(claim: Claim, a: At, b: At | None, grid: Grid, cells: Cells, alpha: float) -> Part:
+def _stability(claim: Claim, a: At, b: At | None, grid: Grid, cells: Cells, alpha: float,
+               alpha_refute: float) -> Part:
     ca, cb = cells.get(a.key(grid)), cells.get(b.key(grid)) if b else None
     ka, na = (ca.trained, ca.finished) if ca else (0, 0)
     numbers = {"a": a.text(grid), "a_trained": ka, "a_n": na, "a_wilson": S.wilson(ka, na)}
     text = _cell_text(a.short, ka, na)
-    refuting_n = S.share_n(SHARES[0], None, alpha / 2)  # a contradicting arm, shown the other way
+    refuting_n = S.share_n(SHARES[0], None, alpha_refute / 2)  # a contradicting arm shown the other way
     if b is None:
         leans = na > 0 and ka / na < 0.5
         n = refuting_n if leans else S.share_n(_share(ka, na, SHARES[0]), None, alpha)
@@ -237,7 +238,8 @@ def _stability(claim: Claim, a: At, b: At | None, grid: Grid, cells: Cells, alph
                 min(na, nb), refuting_n if leans else S.share_n(pa, pb, alpha), leans, numbers)
 
 
-def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, cells: Cells, alpha: float) -> Part:
+def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, cells: Cells, alpha: float,
+            alpha_refute: float) -> Part:
     ca, cb = cells.get(a.key(grid)), cells.get(b.key(grid))
     va, vb = (ca.by_seed(m) if ca else {}), (cb.by_seed(m) if cb else {})
     seeds = sorted(set(va) & set(vb))
@@ -258,13 +260,13 @@ def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, cells: Cells, alpha:
         d = S.paired([x - y for x, y in zip(xa, xb, strict=True)])
         p, refute = S.tost(xa, xb, claim.effect)
         gap = claim.effect - abs(d.mean) if d.n else claim.effect
-        n = S.paired_n(gap, sd, alpha) if gap > 0 else S.paired_n(-gap, sd, alpha / 2)
+        n = S.paired_n(gap, sd, alpha) if gap > 0 else S.paired_n(-gap, sd, alpha_refute / 2)
         return Part(f"{what} ({unit}), {la} - {lb}: {_interval(d)}; TOST p = {p:.3g}", p, refute, d.n, n,
                     d.n > 0 and gap <= 0, numbers | {"mean": d.mean, "ci": [d.low, d.high]})
     d = S.paired([y - x for x, y in zip(xa, xb, strict=True)], claim.effect)
     side = f"{what} ({unit}), {lb} - {la}"
     leans = d.n > 0 and d.mean <= 0  # the wrong way: planned as the refutation (below the effect)
-    n = S.paired_n(claim.effect - d.mean if leans else claim.effect, sd, alpha)
+    n = S.paired_n(claim.effect - d.mean, sd, alpha_refute) if leans else S.paired_n(claim.effect, sd, alpha)
     return Part(f"{side}: {_interval(d)}; p = {d.p_above:.3g}", d.p_above, d.p_below, d.n, n, leans,
                 numbers | {"mean": d.mean, "ci": [d.low, d.high]})
 
@@ -278,9 +280,13 @@ def _interval(d: S.Paired) -> str:
 
 
 def parts(claim: Claim, grid: Grid, cells: Cells, alpha: float) -> list[Part]:
+    """Each comparison of the claim, planned at ``alpha`` (its support is the largest p of them) and
+    at alpha over their number (its refutation is the smallest p times that number)."""
     if claim.test in STABILITY:
-        return [_stability(claim, a, b, grid, cells, alpha) for a, b in claim.pairs]
-    return [_paired(claim, a, b, m, grid, cells, alpha) for a, b in claim.pairs if b for m in claim.measures]
+        return [_stability(claim, a, b, grid, cells, alpha, alpha / len(claim.pairs)) for a, b in claim.pairs]
+    k = len(claim.pairs) * len(claim.measures)
+    return [_paired(claim, a, b, m, grid, cells, alpha, alpha / k) for a, b in claim.pairs if b
+            for m in claim.measures]
 
 
 # --- every claim ----------------------------------------------------------------------------------
