@@ -108,3 +108,32 @@ def test_figures_register_themselves(capsys):
     missing = [e for f in figs.values() for s in SCALES for e in f.experiments(s)
                if not (CONFIG_DIR / "experiment" / f"{e}.yaml").is_file()]
     assert not missing and figs["fig4"].experiments("paper") == ["fig4_paper", "fig4_wmt_paper"]
+
+
+def test_readme_lists_each_atlas_claim_with_its_test(tmp_path):
+    """The atlas's claims go to their own table in the block: test, arms with n, statistic, raw and
+    Holm-adjusted p, verdict, and the date and machine; a rerun without the file keeps it."""
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    measured = {"test": "Boschloo's exact test", "arms": ["admin, 18+18: n=4", "post_ln, 18+18: n=4"],
+                "statistic": ["admin 4/4 trained vs post_ln 0/4 trained"], "p": 0.0039, "p_holm": 0.047,
+                "p_refute": 1.0, "p_refute_holm": 1.0, "verdict": "supported"}
+    write_checks(figures, "atlas", "mini", [
+        Check("rescued", "deep Post-LN fails where Admin trains", "Liu et al. 2020", measured, "...", True,
+              required=False)],
+        {"claims_supported": "1 of 1", "claims_decided": "1 of 1", "measured": "2026-12-03",
+         "machine": "AMD EPYC 7B13", "alpha": 0.05})
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{report.README_BEGIN}\n{report.README_END}\n")
+    args = ["--figures", str(figures), "--out", str(tmp_path / "report"), "--runs-root",
+            str(tmp_path / "runs"), "--readme", str(readme)]
+    assert report.main(args) == 0
+    text = readme.read_text()
+    assert "measured 2026-12-03 on AMD EPYC 7B13" in text and "1 of 1 decided" in text
+    row = ("| deep Post-LN fails where Admin trains. Paper: Liu et al. 2020 | Boschloo's exact test | "
+           "admin, 18+18: n=4; post_ln, 18+18: n=4 | admin 4/4 trained vs post_ln 0/4 trained | "
+           "0.0039 (0.047) | supported |")
+    assert row in text
+    (figures / "atlas_checks.json").unlink()
+    assert report.main(args) == 0
+    assert row in readme.read_text() and readme.read_text().count(report.ATLAS_INTRO) == 1

@@ -7,6 +7,10 @@ cell is one ``lnexp train`` run of ``experiment=atlas_SCALE`` (its folder, resum
 are lnexp train's own), ``--jobs`` at a time. The full grid without adaptivity is Hydra's own
 multirun (``--full`` prints the commands; Hydra's joblib or submitit launcher runs them).
 
+Rounds, in order: coverage (every scheme at the shared lr, with and without warm-up, seed 1), the
+claims (lnexp.atlas.claims: each round's slots to the undecided claim cheapest to decide,
+lnexp.atlas.plan.allocate), then the bisection phases with what the budget has left.
+
 The grid (lrs, warm-ups, depths, seeds) is the experiment's ``hydra.sweeper.params``; the schemes are
 every configs/placement/*.yaml with norm=layernorm (a copy of another's network once:
 ``same_networks``), and DYT_PLACEMENTS with norm=dyt.
@@ -25,13 +29,15 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from lnexp.atlas import claims as C
 from lnexp.atlas.grid import Grid, experiment_name, read_grid
-from lnexp.atlas.plan import Arm, Cell, Scheme, fits, next_cells
+from lnexp.atlas.outcomes import Arm, Cells, Scheme, cells, outcome
+from lnexp.atlas.plan import Job, Seen, allocate, fits, next_cells
 from lnexp.errors import UserError
 
 DYT_PLACEMENTS = ("pre_ln", "post_ln")  # norm=dyt cells: DyT against LayerNorm in the same placement
 # Seconds per run, two jobs of one thread each on 2 idle cores, before any run of this atlas has
-# been timed (mini: the medians of the measured make atlas, docs/atlas.md); measured runs replace
+# been timed (mini: the medians of the Intel make atlas of 2026-12-02, docs/results.md); measured runs replace
 # them (the slowest, +10%).
 DEFAULT_COST_S = {"mini": {6: 155.0, 18: 350.0}, "paper": {6: 3600.0, 18: 9000.0}}
 FIGURE_RESERVE_S = 60.0  # kept back for lnexp figure atlas at the end
@@ -75,39 +81,16 @@ def schemes() -> list[Scheme]:
     return [Scheme(p) for p in placements] + [Scheme(p, "dyt") for p in DYT_PLACEMENTS if p in placements]
 
 
-def claim_cells(grid: Grid) -> list[Cell]:
-    """The cells the papers' claims need, first in the queue so that a short budget still decides them:
-    deep Post-LN vs Admin, DeepNorm, B2T (with warm-up); deep Pre-LN vs LayerNorm Scaling and Mix-LN
-    (hidden states, gradients; no warm-up); ReZero and T-Fixup without warm-up; DyT vs LayerNorm; the
-    deep Pre-LN trio and DyT on two seeds (t-intervals)."""
-    from lnexp.names import PLACEMENTS
+def coverage(grid: Grid, kinds: list[Scheme]) -> list[Job]:
+    """Every scheme's shallow cell at the shared lr, with and without warm-up, on the first seed:
+    the row of the atlas's table every scheme gets before any claim round."""
+    shallow = min(grid.depths)
+    return [Job(Arm(sc, w, shallow), grid.shared, grid.seeds[0]) for sc in kinds for w in grid.warmups]
 
-    deep, shallow, s = max(grid.depths), min(grid.depths), grid.shared
-    w_on, w_off = max(grid.warmups), min(grid.warmups)
-    out = []
-    if deep != shallow:
-        out += [
-            Cell(Arm(Scheme(p), w_on, deep), s, grid.seeds[0])
-            for p in ("post_ln", "admin", "deepnorm", "b2t")
-            if p in PLACEMENTS
-        ]
-        out += [
-            Cell(Arm(Scheme(p), w_off, deep), s, seed)
-            for p in ("pre_ln", "ln_scaling", "mix_ln")
-            if p in PLACEMENTS
-            for seed in grid.seeds[:2]
-        ]
-    out += [Cell(Arm(Scheme(p), w_off, shallow), s, grid.seeds[0]) for p in ("rezero", "t_fixup")
-            if p in PLACEMENTS]
-    out += [
-        Cell(Arm(Scheme(p, n), w, shallow), s, seed)
-        for p in DYT_PLACEMENTS
-        if p in PLACEMENTS
-        for n in ("layernorm", "dyt")
-        for w in grid.warmups
-        for seed in grid.seeds[:2]
-    ]
-    return out
+
+def claims_of(kinds: list[Scheme]) -> list[C.Claim]:
+    """The claims whose every scheme is among ``kinds`` (all of them by default)."""
+    return [c for c in C.CLAIMS if all(Scheme.of(a.scheme) in kinds for a in c.ats())]
 
 
 def phases(grid: Grid, kinds: list[Scheme]) -> list[tuple[str, list[Arm], tuple[int, ...]]]:
@@ -127,8 +110,9 @@ def phases(grid: Grid, kinds: list[Scheme]) -> list[tuple[str, list[Arm], tuple[
     return out
 
 
-def overrides(cell: Cell, grid: Grid, scale: str) -> list[str]:
+def overrides(cell: Job, grid: Grid, scale: str) -> list[str]:
     a = cell.arm
+    dt = [] if a.dt == 1.0 else [f"residual_scale={a.dt:g}"]
     return [
         f"experiment={experiment_name(scale)}",
         f"placement={a.scheme.placement}",
@@ -137,42 +121,43 @@ def overrides(cell: Cell, grid: Grid, scale: str) -> list[str]:
         f"lr={grid.lrs[cell.lr_index]:g}",
         f"warmup={a.warmup}",
         f"seed={cell.seed}",
+        *dt,
     ]
 
 
 class SeenRuns:
-    """Finished runs of the atlas's experiment under ``runs_root``: (arm, lr index) -> {seed: outcome}.
-    A finished run does not change, so each folder is read once (reading a run costs ~15 ms)."""
+    """Finished runs of the atlas's experiments (atlas_SCALE, and atlas_dt_SCALE's dt column) under
+    ``runs_root``, as cells on the grid's lrs. A finished run does not change, so each folder is read
+    once (reading a run costs ~15 ms)."""
 
     def __init__(self, runs_root: Path, grid: Grid, scale: str) -> None:
-        self.root, self.grid, self.experiment = runs_root, grid, experiment_name(scale)
-        self.final: dict[Path, tuple[tuple[Arm, int], int, str] | None] = {}
+        self.root, self.grid = runs_root, grid
+        self.experiments = (experiment_name(scale), f"atlas_dt_{scale}")
+        self.final: dict[Path, object] = {}
 
-    def __call__(self) -> dict[tuple[Arm, int], dict[int, str]]:
-        from lnexp.figures.atlas import outcome
+    def __call__(self) -> Cells:
         from lnexp.results import find_run_dirs, load_run
 
-        seen: dict[tuple[Arm, int], dict[int, str]] = {}
         for d in find_run_dirs(self.root) if self.root.is_dir() else []:
-            if d not in self.final:
-                run = load_run(d, self.root)
-                o = outcome(run)
-                lr = float(run.get("lr", math.nan))
-                idx = [i for i, x in enumerate(self.grid.lrs) if math.isclose(x, lr, rel_tol=1e-6)]
-                if o == "missing":
-                    continue  # not finished: read again next round
-                self.final[d] = None
-                if run.experiment == self.experiment and idx:
-                    arm = Arm(
-                        Scheme(str(run.get("placement.name")), str(run.get("norm.name", "layernorm"))),
-                        int(run.get("warmup")),
-                        int(run.get("depth.encoder_layers") or 6),
-                    )
-                    self.final[d] = ((arm, idx[0]), int(run.get("seed")), o)
-            if self.final[d] is not None:
-                key, seed, o = self.final[d]
-                seen.setdefault(key, {})[seed] = o
-        return seen
+            if d in self.final:
+                continue
+            run = load_run(d, self.root)
+            if outcome(run) == "missing":
+                continue  # not finished: read again next round
+            lr = float(run.get("lr", math.nan))
+            on_grid = any(math.isclose(x, lr, rel_tol=1e-6) for x in self.grid.lrs)
+            self.final[d] = run if run.experiment in self.experiments and on_grid else None
+        got = cells(r for r in self.final.values() if r is not None)
+        return {(a, self._lr(lr)): c for (a, lr), c in got.items()}
+
+    def _lr(self, lr: float) -> float:
+        return next(x for x in self.grid.lrs if math.isclose(x, lr, rel_tol=1e-6))
+
+
+def seen_outcomes(got: Cells, grid: Grid) -> Seen:
+    """The plan's view of the cells: (arm, lr index) -> {seed: outcome} of the finished runs."""
+    return {(a, grid.lrs.index(lr)): {s: o for s, o in c.outcomes().items() if o != "missing"}
+            for (a, lr), c in got.items()}
 
 
 def read_plan(runs_root: Path) -> dict:
@@ -233,29 +218,30 @@ def run_atlas(
         "launched": [],
         "not_run": [],
         "stopped": None,
+        "claims": {},
         "same_network": same_networks(),  # placements not run: their cells are these ones'
     }
 
-    def cost(cell: Cell) -> float:
-        measured = state["costs"].get(str(cell.arm.depth))
+    def cost(depth: int) -> float:
+        measured = state["costs"].get(str(depth))
         if measured:
             return 1.1 * max(measured)
         table = DEFAULT_COST_S.get(scale, DEFAULT_COST_S["paper"])
-        return table.get(cell.arm.depth, max(table.values()) * cell.arm.depth / max(table))
+        return table.get(depth, max(table.values()) * depth / max(table))
 
     def remaining() -> float:
         return budget_s - FIGURE_RESERVE_S - state["spent_s"]
 
-    tried: set[Cell] = set()
+    tried: set[Job] = set()
 
-    def run_round(cells: list[Cell]) -> int:
+    def run_round(batch: list[Job]) -> int:
         """Launch the cells that fit; how many did (the rest are the plan's ``not_run``)."""
-        k = fits([cost(c) for c in cells], jobs, remaining())
-        plan["not_run"] = [_cell_doc(c, grid) for c in cells[k:]]
+        k = fits([cost(c.arm.depth) for c in batch], jobs, remaining())
+        plan["not_run"] = [_cell_doc(c, grid) for c in batch[k:]]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             t_round = time.monotonic()
-            tried.update(cells[:k])
-            futures = {pool.submit(launch, overrides(c, grid, scale)): c for c in cells[:k]}
+            tried.update(batch[:k])
+            futures = {pool.submit(launch, overrides(c, grid, scale)): c for c in batch[:k]}
             try:
                 pending = set(futures)
                 while pending:
@@ -273,15 +259,13 @@ def run_atlas(
                 _write(plan_path, plan)
         return k
 
-    seen_outcomes = SeenRuns(runs_root, grid, scale)
+    seen = SeenRuns(runs_root, grid, scale)
 
-    def claims_left() -> list[Cell]:
-        seen = seen_outcomes()
-        return [
-            c
-            for c in claim_cells(grid)
-            if c.arm.scheme in kinds and c not in tried and c.seed not in seen.get((c.arm, c.lr_index), {})
-        ]
+    def unfinished(batch: list[Job]) -> list[Job]:
+        got = seen()
+        done = {(a, grid.lrs.index(lr), s) for (a, lr), c in got.items()
+                for s, o in c.outcomes().items() if o != "missing"}
+        return [j for j in batch if j not in tried and (j.arm, j.lr_index, j.seed) not in done]
 
     log(
         f"lnexp atlas: {len(kinds)} schemes, lrs {', '.join(f'{x:g}' for x in grid.lrs)}, warm-up "
@@ -291,32 +275,48 @@ def run_atlas(
     for copy, of in plan["same_network"].items():
         log(f"lnexp atlas: {copy} is the same network as {of} (configs/placement/): not run twice")
     ok = True
-    while ok and (first := claims_left()):
-        log(f"lnexp atlas: the claims' cells: {len(first)}; {remaining() / 60:.1f} min of the budget left")
-        ok = run_round(first) > 0  # cut by the budget: offered again, as the phases' rounds are
+    while ok and (cov := unfinished(coverage(grid, kinds))):
+        log(f"lnexp atlas: coverage: {len(cov)} cells; {remaining() / 60:.1f} min of the budget left")
+        ok = run_round(cov) > 0  # cut by the budget: offered again, as every round is
     if not ok:
-        plan["stopped"] = f"budget: the claims' cells did not fit in {remaining():.0f} s"
+        plan["stopped"] = f"budget: the coverage cells did not fit in {remaining():.0f} s"
+    own = claims_of(kinds)
+    while ok:
+        verdicts = C.evaluate(grid, seen(), own, tried)
+        plan["claims"] = {v.claim.id: v.text for v in verdicts}
+        nxt = allocate(C.needs(verdicts, {d: cost(d) for d in grid.depths}), jobs, remaining())
+        if not nxt:
+            break
+        names = sorted({v.claim.id for v in verdicts if set(v.jobs) & set(nxt)})
+        log(f"lnexp atlas: claims ({', '.join(names)}): {len(nxt)} cells; {remaining() / 60:.1f} min left")
+        ok = run_round(nxt) > 0
+    if not ok and not plan["stopped"]:
+        plan["stopped"] = f"budget: the claims' next cells did not fit in {remaining():.0f} s"
     for name, arms, seeds in phases(grid, kinds) if ok else []:
         while ok:
             # a cell tried once in this session and still unfinished (the run failed) is not retried
             # now: it is what a rerun retries, and it cannot hold the rounds in a loop
-            cells = next_cells(arms, len(grid.lrs), grid.shared, seen_outcomes(), seeds, pending=tried)
-            if not cells:
+            batch = next_cells(arms, len(grid.lrs), grid.shared, seen_outcomes(seen(), grid), seeds,
+                               pending=tried)
+            if not batch:
                 break
-            log(f"lnexp atlas: {name}: {len(cells)} cells; {remaining() / 60:.1f} min of the budget left")
+            log(f"lnexp atlas: {name}: {len(batch)} cells; {remaining() / 60:.1f} min of the budget left")
             # a round cut by the budget is offered again: runs faster than their estimate leave room
-            ok = run_round(cells) > 0
+            ok = run_round(batch) > 0
         if not ok:
             plan["stopped"] = f"budget: the next cells of '{name}' did not fit in {remaining():.0f} s"
             break
     if ok:
         plan["stopped"] = "done: every phase finished"
     log(f"lnexp atlas: {plan['stopped']}; {len(plan['not_run'])} cells of the last round not run")
+    plan["claims"] = {v.claim.id: v.text for v in C.evaluate(grid, seen(), own, tried)}
+    for cid, text in plan["claims"].items():
+        log(f"lnexp atlas: {cid}: {text}")
     _write(plan_path, plan)
     return plan
 
 
-def _cell_doc(c: Cell, grid: Grid) -> dict:
+def _cell_doc(c: Job, grid: Grid) -> dict:
     return {
         "scheme": c.arm.scheme.label,
         "placement": c.arm.scheme.placement,
@@ -325,6 +325,7 @@ def _cell_doc(c: Cell, grid: Grid) -> dict:
         "depth": c.arm.depth,
         "lr": grid.lrs[c.lr_index],
         "seed": c.seed,
+        "dt": c.arm.dt,
     }
 
 
@@ -345,9 +346,9 @@ def full_grid_commands(scale: str, grid: Grid) -> list[str]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="lnexp atlas",
-        description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen "
-        "adaptively (bisection for the largest stable lr, extra seeds at the boundary) within a time budget; "
-        "rerun to resume. Then: lnexp figure atlas --scale SCALE",
+        description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen in rounds within a "
+        "time budget (coverage of every scheme, then the claims' runs to the claim cheapest to decide, then "
+        "bisection for the largest stable lr); rerun to resume. Then: lnexp figure atlas --scale SCALE",
     )
     ap.add_argument("--scale", default="mini", help="mini (CPU) or paper (GPU): experiment=atlas_SCALE")
     ap.add_argument(

@@ -5,7 +5,8 @@ An *arm* is (scheme, warm-up, depth); its cells are the lrs of a log2 grid. Assu
 monotone in the lr, the largest stable lr of an arm is found by bisection, starting at the shared
 lr (so that every arm has the cell the loss-at-a-shared-lr chart needs). Once the boundary is
 bracketed (a stable lr next to an unstable one, or a stable top / unstable bottom), the cells on
-both sides get the extra seeds. A cell is stable when every seed run there trained.
+both sides get the extra seeds. A cell is stable when every seed run there trained
+(lnexp.atlas.outcomes.stable_of).
 """
 
 from __future__ import annotations
@@ -13,54 +14,29 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-Outcome = str  # "trained" | "plateau" | "diverged" (a run not finished has no outcome yet)
+from lnexp.atlas.outcomes import Arm, boundary, stable_of
 
 
 @dataclass(frozen=True, order=True)
-class Scheme:
-    """A placement with a norm (norm=dyt is its own group, combinable with any placement)."""
-
-    placement: str
-    norm: str = "layernorm"
-
-    @property
-    def label(self) -> str:
-        return self.placement if self.norm == "layernorm" else f"{self.placement}+{self.norm}"
-
-
-@dataclass(frozen=True, order=True)
-class Arm:
-    scheme: Scheme
-    warmup: int
-    depth: int
-
-
-@dataclass(frozen=True, order=True)
-class Cell:
-    """One run: an arm at one lr (an index into the grid) with one seed."""
+class Job:
+    """One run to launch: an arm at one lr (an index into the grid) with one seed."""
 
     arm: Arm
     lr_index: int
     seed: int
 
 
-Seen = Mapping[tuple[Arm, int], Mapping[int, Outcome]]  # (arm, lr index) -> {seed: outcome}, finished
+Seen = Mapping[tuple[Arm, int], Mapping[int, str]]  # (arm, lr index) -> {seed: outcome}, finished
 
 
-def stable(outcomes: Mapping[int, Outcome] | None) -> bool | None:
-    """True: every finished seed trained; False: one did not; None: nothing finished."""
-    if not outcomes:
-        return None
-    return all(o == "trained" for o in outcomes.values())
+def stable(outcomes: Mapping[int, str] | None) -> bool | None:
+    return stable_of((outcomes or {}).values())
 
 
 def bracket(arm: Arm, n_lrs: int, seen: Seen) -> tuple[int, int]:
     """(lo, hi): lo the largest lr index known stable below the first known failure (-1: none),
     hi that failure's index (n_lrs: none seen). The boundary lies between them."""
-    states = [stable(seen.get((arm, i))) for i in range(n_lrs)]
-    hi = next((i for i, s in enumerate(states) if s is False), n_lrs)
-    lo = max((i for i in range(hi) if states[i] is True), default=-1)
-    return lo, hi
+    return boundary([stable(seen.get((arm, i))) for i in range(n_lrs)])
 
 
 def next_probe(arm: Arm, n_lrs: int, shared: int, seen: Seen) -> int | None:
@@ -86,18 +62,18 @@ def next_cells(
     shared: int,
     seen: Seen,
     seeds: tuple[int, ...],
-    pending: set[Cell] = frozenset(),
-) -> list[Cell]:  # type: ignore[assignment]
+    pending: set[Job] = frozenset(),
+) -> list[Job]:  # type: ignore[assignment]
     """One round: each arm's next bisection probe (first seed) or, once bracketed, the boundary
     cells' missing seeds. Cells in ``pending`` (launched, not finished) are not proposed again."""
-    out: list[Cell] = []
+    out: list[Job] = []
     for arm in arms:
         probe = next_probe(arm, n_lrs, shared, seen)
         if probe is not None:
-            cells = [Cell(arm, probe, seeds[0])]
+            cells = [Job(arm, probe, seeds[0])]
         else:
             cells = [
-                Cell(arm, i, s)
+                Job(arm, i, s)
                 for i in boundary_cells(arm, n_lrs, seen)
                 for s in seeds
                 if s not in seen.get((arm, i), {})
@@ -116,3 +92,30 @@ def fits(costs: list[float], jobs: int, remaining_s: float) -> int:
             return k
         free[i] += c
     return len(costs)
+
+
+@dataclass(frozen=True)
+class Need:
+    """What one claim still needs: decided or not, the runs (in launch order) that would decide it at
+    the effect it states, and what they cost (seconds of one job)."""
+
+    claim: str
+    decided: bool
+    jobs: tuple[Job, ...]
+    cost_s: float
+
+
+def allocate(needs: Iterable[Need], slots: int, remaining_s: float) -> list[Job]:
+    """The next round of a sequential design: ``slots`` runs for the undecided claims, the cheapest
+    to decide first (its runs in order, then the next claim's). A decided claim gets none, nor one
+    whose runs cost more than the budget left (it reports the runs it would still need)."""
+    open_ = sorted((n for n in needs if not n.decided and n.jobs and n.cost_s <= remaining_s),
+                   key=lambda n: (n.cost_s, n.claim))
+    out: list[Job] = []
+    for n in open_:
+        for j in n.jobs:
+            if len(out) >= slots:
+                return out
+            if j not in out:
+                out.append(j)
+    return out

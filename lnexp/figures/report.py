@@ -66,6 +66,8 @@ def claims_supported(doc: dict[str, Any], checks: list[Check]) -> str:
 
 
 def holds_text(c: Check) -> str:
+    if "verdict" in c.measured:  # a claim with its own test (the atlas): its verdict as it stands
+        return _cell(c.measured["verdict"])
     text = {True: "yes", False: "**no**", None: "reported (no threshold)"}[c.holds]
     return text + ("" if c.required else " (informational)")
 
@@ -183,6 +185,9 @@ CLAIMS_INTRO = ("Read from `figures/*_checks.json` by `make report`: a figure's 
 CLAIMS_HEADER = ["| figure | claim of the paper | paper | ours | holds? | measured |",
                  "|---|---|---|---|---|---|"]
 INFORMATIONAL = "Informational (no threshold at this scale; each claim in `report/README.md`): "
+ATLAS_INTRO = "Stability atlas claims"  # the atlas's own table: each claim with its test and verdict
+ATLAS_HEADER = ["| claim (the papers' words) | test | arms (n) | statistic | p (Holm) | verdict |",
+                "|---|---|---|---|---|---|"]
 NOT_RUN = "Not run yet for this table: "
 _CELL_SPLIT = re.compile(r"(?<!\\)\|")
 _DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
@@ -235,6 +240,8 @@ def old_claims(block: str) -> dict[str, tuple[list[str], str | None]]:
     by_note = {_note_title(f.title): n for n, f in registry.figures().items()}
     out: dict[str, tuple[list[str], str | None]] = {}
     for line in block.splitlines():
+        if line.startswith(ATLAS_INTRO):  # the atlas's table: kept whole (atlas_claims)
+            break
         if line.startswith("| ") and not line.startswith("| figure |"):
             cells = [c.strip() for c in _CELL_SPLIT.split(line)[1:-1]]
             if len(cells) == 5:  # no "measured" column yet
@@ -250,6 +257,31 @@ def old_claims(block: str) -> dict[str, tuple[list[str], str | None]]:
                 name = by_note.get(entry.split(":")[0], entry.split(":")[0])
                 out[name] = (out.get(name, ([], None))[0], entry)
     return out
+
+
+def atlas_claims(figures: Path, old_block: str) -> list[str]:
+    """The atlas's claims table: per claim the papers' words, the test, the arms with n, the
+    statistic, raw and Holm-adjusted p and the verdict, from atlas_checks.json (its date and
+    machine in the intro line); without that file, the table ``old_block`` has, as it was."""
+    read = read_checks(figures / "atlas_checks.json")
+    tested = [c for c in (read[1] if read else []) if "test" in c.measured]
+    if not tested:
+        start = old_block.find(ATLAS_INTRO)
+        return old_block[start:].replace(README_END, "").strip().splitlines() if start >= 0 else []
+    doc = read[0]
+    lines = [f"{ATLAS_INTRO} (`lnexp figure atlas`, {doc.get('scale')}, measured {doc.get('measured')} on "
+             f"{doc.get('machine')}): each test fixed before its runs, Holm's correction across the "
+             f"{len(tested)} claims at {doc.get('alpha', 0.05):g}; {doc.get('claims_decided', '?')} decided.",
+             "", *ATLAS_HEADER]
+    for c in tested:
+        m = c.measured
+        p = f"{m['p']:.3g} ({m['p_holm']:.3g})"
+        if m["verdict"] == "not supported":
+            p = f"refuted: {m['p_refute']:.3g} ({m['p_refute_holm']:.3g})"
+        cells = [f"{c.claim}. Paper: {c.paper}", m["test"], "; ".join(m["arms"]), "; ".join(m["statistic"]),
+                 p, m["verdict"]]
+        lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    return lines
 
 
 def claims_table(figures: Path, scale: str, old_block: str = "") -> str:
@@ -273,6 +305,9 @@ def claims_table(figures: Path, scale: str, old_block: str = "") -> str:
         lines += ["", INFORMATIONAL + "; ".join(notes) + "."]
     if missing:
         lines += ["", NOT_RUN + ", ".join(missing) + "."]
+    atlas = atlas_claims(figures, old_block)
+    if atlas:
+        lines += ["", *atlas]
     return "\n".join([*lines, "", README_END])
 
 

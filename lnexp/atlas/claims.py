@@ -1,0 +1,414 @@
+"""The atlas's claims: each a record stated before any run (the papers and their words, our claim
+with the smallest effect that matters, the cells it compares, its test), so that the cells the
+driver trains (:func:`claim_cells`, :func:`needs`) and the verdicts the figure writes
+(:func:`evaluate`) come from the same records.
+
+Tests, by kind (lnexp/stats.py, on scipy and statsmodels):
+
+- ``trains``: the seeds of a cell that trained, k of n, against a share of 1/2 (exact binomial
+  test; Wilson interval per cell); not supported when the share is shown below 1/2.
+- ``trains_where_fails``: arm A trains where arm B fails: Boschloo's exact test on the 2x2 table of
+  trained/failed seeds (A's share greater); not supported when A is shown to fail or B to train.
+- ``lower``: a measure (final valid loss, or log2 of a hidden-state RMS or gradient norm) of A
+  below B's, differences paired by seed (same seed, same data order): one-sided paired t-test; not
+  supported when the difference is shown smaller than the effect the claim states.
+- ``within``: |A - B| below a margin, paired by seed: TOST; not supported when shown beyond it.
+- ``less_spread``: A's values vary less over seeds than B's: Levene's test, one-sided.
+
+A claim of several comparisons (both stacks, three rescuers) holds when every one does (its p is
+the largest: an intersection-union test) and is refuted by any one (the smallest, times their
+number). Holm's correction runs across the claims, for the support and the refutation p-values
+each. The looks are sequential (the driver adds seeds until a claim is decided) while the tests
+are those of a fixed n, so the stated level is nominal: MAX_SEEDS bounds the looks.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lnexp import stats as S
+from lnexp.atlas.grid import Grid
+from lnexp.atlas.outcomes import MEASURES, Arm, Cells, Scheme
+from lnexp.atlas.plan import Job, Need
+
+ALPHA = 0.05  # family-wise, over the claims (Holm)
+MAX_SEEDS = 12  # seeds per arm at most: a claim that needs more is left undecided, with its count
+SHARES = (0.95, 0.05)  # stability's stated effect: a cell that trains in 95% of seeds, one in 5%
+PRIOR_SD = {"bits/token": 0.15, "log2": 0.5}  # sd of a paired difference before PILOT pairs exist
+PILOT = 3  # pairs a paired claim runs before its sd is estimated from them
+STABILITY = ("trains", "trains_where_fails")
+LOG2_1_5 = math.log2(1.5)
+
+
+@dataclass(frozen=True)
+class At:
+    """A cell a claim compares, stated against the grid: the scheme (label), depth (shallow or deep),
+    warm-up (off or on), lr (the shared lr, x2 or x4 of it, or the grid's top) and dt."""
+
+    scheme: str
+    depth: str = "shallow"
+    warmup: str = "off"
+    lr: str = "shared"
+    dt: float = 1.0
+
+    def arm(self, grid: Grid) -> Arm:
+        d = min(grid.depths) if self.depth == "shallow" else max(grid.depths)
+        w = min(grid.warmups) if self.warmup == "off" else max(grid.warmups)
+        return Arm(Scheme.of(self.scheme), w, d, self.dt)
+
+    def lr_index(self, grid: Grid) -> int:
+        if self.lr == "top":
+            return len(grid.lrs) - 1
+        want = grid.shared_lr * (1 if self.lr == "shared" else float(self.lr.lstrip("x")))
+        return min(range(len(grid.lrs)), key=lambda i: abs(math.log(grid.lrs[i] / want)))
+
+    def key(self, grid: Grid) -> tuple[Arm, float]:
+        return self.arm(grid), grid.lrs[self.lr_index(grid)]
+
+    def text(self, grid: Grid) -> str:
+        return f"{self.arm(grid).label}, lr {grid.lrs[self.lr_index(grid)]:g}"
+
+    @property
+    def short(self) -> str:
+        """The scheme, and what else sets this cell apart in a comparison (warm-up on, dt)."""
+        dt = "" if self.dt == 1.0 else f", dt {self.dt:g}"
+        return self.scheme + (", warm-up" if self.warmup == "on" else "") + dt
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    paper: str  # the papers and their words
+    claim: str  # ours, as tested, with the smallest effect that matters
+    test: str  # trains | trains_where_fails | lower | within | less_spread
+    pairs: tuple[tuple[At, At | None], ...]  # (A, B): A trains [where B fails], A lower than / within B
+    measures: tuple[str, ...] = ("valid_loss",)
+    effect: float = 0.0  # in the measure's unit (less_spread: a variance ratio)
+    no_norm: bool = False  # the placements must have no norm anywhere (read from their configs)
+
+    def ats(self) -> list[At]:
+        return list(dict.fromkeys(a for pair in self.pairs for a in pair if a is not None))
+
+
+BOTH = ("encoder", "decoder")
+LAST_RMS = tuple(f"last_rms.{s}" for s in BOTH)
+CLAIMS = (
+    Claim("atlas_deep_post_ln_rescued",
+          "18L-18L Post-LN diverges on WMT'14 En-De where Admin trains (Liu et al. 2020); DeepNorm "
+          "trains 1,000 layers (Wang et al. 2022); B2T trains deep Post-LN (Takase et al. 2022)",
+          "at the deep setting with warm-up, Post-LN fails where Admin, DeepNorm and B2T each train",
+          "trains_where_fails",
+          tuple((At(p, "deep", "on"), At("post_ln", "deep", "on")) for p in ("admin", "deepnorm", "b2t"))),
+    Claim("atlas_no_norm_no_warmup",
+          "ReZero trains without LayerNorm and warm-up (Bachlechner et al. 2020); T-Fixup trains "
+          "without LayerNorm and warm-up (Huang et al. 2020)",
+          "ReZero and T-Fixup, with no norm anywhere, each train without warm-up", "trains",
+          ((At("rezero"), None), (At("t_fixup"), None)), no_norm=True),
+    Claim("atlas_dyt_parity",
+          "DyT matches LayerNorm as a drop-in replacement (Zhu et al. 2025: parity across ViT, "
+          "ConvNeXt, DiT and LLaMA)",
+          "DyT ends within 0.1 bit of LayerNorm's final valid loss, same placement (Pre-LN, Post-LN), "
+          "warm-up and lr", "within",
+          tuple((At(f"{p}+dyt", warmup=w), At(p, warmup=w)) for p in ("pre_ln", "post_ln")
+                for w in ("off", "on")),
+          effect=0.1),
+    Claim("atlas_ln_scaling_growth",
+          "LayerNorm Scaling (1/sqrt(l)) curbs the output variance growth of deep Pre-LN layers "
+          "(Sun et al. 2025)",
+          "deep, no warm-up: LayerNorm Scaling's last-layer hidden-state RMS is below Pre-LN's in both "
+          "stacks; smallest effect that matters 1.5x", "lower",
+          ((At("ln_scaling", "deep"), At("pre_ln", "deep")),), LAST_RMS, LOG2_1_5),
+    Claim("atlas_mix_ln_gradients",
+          "Mix-LN gives deeper layers larger, more uniform gradients than Pre-LN (Li et al. 2024)",
+          "deep, no warm-up: the FFN gradient norm of the last third of the layers is larger with Mix-LN "
+          "than with Pre-LN in both stacks; smallest effect that matters 1.5x", "lower",
+          ((At("pre_ln", "deep"), At("mix_ln", "deep")),), tuple(f"deep_grad.{s}" for s in BOTH), LOG2_1_5),
+    Claim("atlas_pre_ln_where_post_ln_fails",
+          "Pre-LN trains without warm-up, Post-LN needs it; Pre-LN tolerates larger lrs (Xiong et al. 2020)",
+          "without warm-up, at 4x the shared lr, Pre-LN trains where Post-LN fails", "trains_where_fails",
+          ((At("pre_ln", lr="x4"), At("post_ln", lr="x4")),)),
+    Claim("atlas_post_ln_needs_warmup",
+          "Post-LN needs the warm-up stage; without it, it fails at lrs where it trains with it "
+          "(Xiong et al. 2020, Fig. 2)",
+          "at 2x the shared lr, Post-LN with warm-up trains where Post-LN without warm-up fails",
+          "trains_where_fails", ((At("post_ln", warmup="on", lr="x2"), At("post_ln", lr="x2")),)),
+    Claim("atlas_peri_stable_where_pre",
+          "Peri-LN trains wherever Pre-LN does, and beyond (Kim et al. 2025)",
+          "Peri-LN trains at the grid's top lr, with and without warm-up (where the first atlas saw "
+          "Pre-LN train)", "trains",
+          ((At("peri_ln", lr="top"), None), (At("peri_ln", warmup="on", lr="top"), None))),
+    Claim("atlas_peri_higher_lr",
+          "Peri-LN trains at learning rates where Pre-LN diverges (Kim et al. 2025)",
+          "deep, no warm-up, at the grid's top lr: Peri-LN trains where Pre-LN fails", "trains_where_fails",
+          ((At("peri_ln", "deep", lr="top"), At("pre_ln", "deep", lr="top")),)),
+    Claim("atlas_peri_smaller_spread",
+          "smaller spread across seeds (Kim et al. 2025; GPT-2 Pre-LN diverged in some of 5 trials)",
+          "no warm-up, shared lr: Peri-LN's final valid loss varies less over seeds than Pre-LN's; "
+          "smallest effect that matters: a variance 4x smaller", "less_spread",
+          ((At("peri_ln"), At("pre_ln")),), effect=4.0),
+    Claim("atlas_hidden_growth",
+          "Pre-LN's hidden states can grow without bound, Peri-LN's at most linearly (Kan et al. 2025)",
+          "no warm-up, at the grid's top lr: Peri-LN's last-layer hidden-state RMS is below Pre-LN's in "
+          "both stacks; smallest effect that matters 1.5x", "lower",
+          ((At("peri_ln", lr="top"), At("pre_ln", lr="top")),), LAST_RMS, LOG2_1_5),
+    Claim("atlas_dt_tightens_growth",
+          "a residual step dt < 1 (e.g. 0.1) tightens the hidden-state growth bounds and stabilises "
+          "training (Kan et al. 2025)",
+          "Pre-LN, no warm-up, at the grid's top lr: dt = 0.1 keeps the last-layer hidden-state RMS below "
+          "dt = 1's in both stacks; smallest effect that matters 1.5x", "lower",
+          ((At("pre_ln", lr="top", dt=0.1), At("pre_ln", lr="top")),), LAST_RMS, LOG2_1_5),
+)
+TESTS = {
+    "trains": "exact binomial test, share trained > 1/2 (Wilson intervals)",
+    "trains_where_fails": "Boschloo's exact test on trained/failed seeds, one-sided (Wilson intervals)",
+    "lower": "paired by seed, one-sided t-test (95% t-interval)",
+    "within": "paired by seed, TOST",
+    "less_spread": "Levene's test, one-sided",
+}
+
+
+def claim_cells(grid: Grid, claims: Iterable[Claim] = CLAIMS) -> list[tuple[Arm, int]]:
+    """(arm, lr index) of every cell the claims compare: their union, in claim order."""
+    return list(dict.fromkeys((a.arm(grid), a.lr_index(grid)) for c in claims for a in c.ats()))
+
+
+def no_norm(placement: str) -> bool:
+    """The placement's config has no norm anywhere (configs/placement/NAME.yaml)."""
+    from lnexp.scheme import SWITCHES, Placement, group_file
+
+    try:
+        p = Placement.from_config(group_file("placement", placement))
+    except ValueError:
+        return False
+    return not any(getattr(p, k) for k in (*SWITCHES, "qk_norm", "v_norm", "final_norm", "embed_norm"))
+
+
+# --- one comparison -------------------------------------------------------------------------------
+
+
+@dataclass
+class Part:
+    """One comparison of a claim (one pair, one measure): its text, support and refutation p, the
+    seeds per arm it has and needs, and whether it leans to refutation."""
+
+    text: str
+    p: float
+    p_refute: float
+    n: int
+    n_needed: int
+    refuting: bool
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+def _share(k: int, n: int, claimed: float) -> float:
+    """The share an arm is planned at: the claim's when every seed so far agrees, else Laplace's."""
+    agrees = k == n if claimed > 0.5 else k == 0
+    return claimed if agrees else (k + 1) / (n + 2)
+
+
+def _cell_text(label: str, k: int, n: int) -> str:
+    if n == 0:
+        return f"{label} not run"
+    lo, hi = S.wilson(k, n)
+    return f"{label} {k}/{n} trained [{lo:.2f}, {hi:.2f}]"
+
+
+def _stability(claim: Claim, a: At, b: At | None, grid: Grid, cells: Cells, alpha: float,
+               alpha_refute: float) -> Part:
+    ca, cb = cells.get(a.key(grid)), cells.get(b.key(grid)) if b else None
+    ka, na = (ca.trained, ca.finished) if ca else (0, 0)
+    numbers = {"a": a.text(grid), "a_trained": ka, "a_n": na, "a_wilson": S.wilson(ka, na)}
+    text = _cell_text(a.short, ka, na)
+    refuting_n = S.share_n(SHARES[0], None, alpha_refute / 2)  # a contradicting arm shown the other way
+    if b is None:
+        leans = na > 0 and ka / na < 0.5
+        n = refuting_n if leans else S.share_n(_share(ka, na, SHARES[0]), None, alpha)
+        return Part(text, S.share_p(ka, na), S.share_p(ka, na, alternative="less"), na, n, leans, numbers)
+    kb, nb = (cb.trained, cb.finished) if cb else (0, 0)
+    numbers |= {"b": b.text(grid), "b_trained": kb, "b_n": nb, "b_wilson": S.wilson(kb, nb)}
+    p = S.two_arm_p(ka, na, kb, nb)
+    refute = min(1.0, 2 * min(S.share_p(ka, na, alternative="less"), S.share_p(kb, nb)))
+    pa, pb = _share(ka, na, SHARES[0]), _share(kb, nb, SHARES[1])
+    leans = (na > 0 and ka / na < 0.5) or (nb > 0 and kb / nb > 0.5)
+    return Part(f"{text} vs {_cell_text(b.short, kb, nb)}; Boschloo p = {p:.3g}", p, refute,
+                min(na, nb), refuting_n if leans else S.share_n(pa, pb, alpha), leans, numbers)
+
+
+def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, cells: Cells, alpha: float,
+            alpha_refute: float) -> Part:
+    ca, cb = cells.get(a.key(grid)), cells.get(b.key(grid))
+    va, vb = (ca.by_seed(m) if ca else {}), (cb.by_seed(m) if cb else {})
+    seeds = sorted(set(va) & set(vb))
+    xa, xb = [va[s] for s in seeds], [vb[s] for s in seeds]
+    what, unit = MEASURES[m]
+    diffs = [y - x for x, y in zip(xa, xb, strict=True)]
+    sd = statistics.stdev(diffs) if len(seeds) >= PILOT else PRIOR_SD[unit]
+    la, lb = a.short, b.short
+    numbers = {"a": a.text(grid), "b": b.text(grid), "measure": m, "seeds": seeds,
+               "a_values": [round(x, 4) for x in xa], "b_values": [round(x, 4) for x in xb]}
+    if claim.test == "less_spread":
+        p, refute = S.spread_p(xa, xb)
+        va_, vb_ = (statistics.variance(x) if len(x) >= 2 else math.nan for x in (xa, xb))
+        return Part(f"{what} variance over seeds: {la} {va_:.3g} vs {lb} {vb_:.3g} (n={len(seeds)}); "
+                    f"Levene p = {p:.3g}", p, refute, len(seeds), S.spread_n(claim.effect, alpha),
+                    va_ > vb_, numbers | {"a_variance": va_, "b_variance": vb_})
+    if claim.test == "within":
+        d = S.paired([x - y for x, y in zip(xa, xb, strict=True)])
+        p, refute = S.tost(xa, xb, claim.effect)
+        gap = claim.effect - abs(d.mean) if d.n else claim.effect
+        n = S.paired_n(gap, sd, alpha) if gap > 0 else S.paired_n(-gap, sd, alpha_refute / 2)
+        return Part(f"{what} ({unit}), {la} - {lb}: {_interval(d)}; TOST p = {p:.3g}", p, refute, d.n, n,
+                    d.n > 0 and gap <= 0, numbers | {"mean": d.mean, "ci": [d.low, d.high]})
+    d = S.paired([y - x for x, y in zip(xa, xb, strict=True)], claim.effect)
+    side = f"{what} ({unit}), {lb} - {la}"
+    leans = d.n > 0 and d.mean <= 0  # the wrong way: planned as the refutation (below the effect)
+    n = S.paired_n(claim.effect - d.mean, sd, alpha_refute) if leans else S.paired_n(claim.effect, sd, alpha)
+    return Part(f"{side}: {_interval(d)}; p = {d.p_above:.3g}", d.p_above, d.p_below, d.n, n, leans,
+                numbers | {"mean": d.mean, "ci": [d.low, d.high]})
+
+
+def _interval(d: S.Paired) -> str:
+    if d.n == 0:
+        return "no pair of seeds yet"
+    if d.n == 1:
+        return f"{d.mean:+.3g} (n=1)"
+    return f"{d.mean:+.3g} [{d.low:+.3g}, {d.high:+.3g}] (n={d.n})"
+
+
+def parts(claim: Claim, grid: Grid, cells: Cells, alpha: float) -> list[Part]:
+    """Each comparison of the claim, planned at ``alpha`` (its support is the largest p of them) and
+    at alpha over their number (its refutation is the smallest p times that number)."""
+    if claim.test in STABILITY:
+        return [_stability(claim, a, b, grid, cells, alpha, alpha / len(claim.pairs)) for a, b in claim.pairs]
+    k = len(claim.pairs) * len(claim.measures)
+    return [_paired(claim, a, b, m, grid, cells, alpha, alpha / k) for a, b in claim.pairs if b
+            for m in claim.measures]
+
+
+# --- every claim ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    claim: Claim
+    parts: list[Part]
+    p: float
+    p_refute: float
+    p_holm: float = math.nan
+    p_refute_holm: float = math.nan
+    verdict: str = "undecided"  # supported | not supported | undecided
+    runs_needed: int = 0  # more runs that would decide it at its stated effect (undecided only)
+    jobs: tuple[Job, ...] = ()
+    note: str = ""
+
+    n: dict[At, int] = field(default_factory=dict)  # finished seeds per cell
+
+    @property
+    def holds(self) -> bool | None:
+        return {"supported": True, "not supported": False}.get(self.verdict)
+
+    @property
+    def text(self) -> str:
+        if self.verdict != "undecided":
+            return self.verdict
+        return self.note or f"undecided: needs {self.runs_needed} more runs"
+
+
+def _next_jobs(ats: list[At], n_target: int, grid: Grid, cells: Cells, tried: set[Job]) -> list[Job]:
+    """The runs that bring each of these cells to ``n_target`` seeds, seed by seed across the cells
+    (so that the pairs fill evenly), seeds run or tried skipped."""
+    per: list[list[Job]] = []
+    for a in ats:
+        arm, i = a.arm(grid), a.lr_index(grid)
+        c = cells.get((arm, grid.lrs[i]))
+        have = {s for s, o in (c.outcomes() if c else {}).items() if o != "missing"}
+        free = [s for s in range(1, MAX_SEEDS + 1) if s not in have and Job(arm, i, s) not in tried]
+        per.append([Job(arm, i, s) for s in free[: max(0, n_target - len(have))]])
+    return [jobs[k] for k in range(max(map(len, per), default=0)) for jobs in per if k < len(jobs)]
+
+
+def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: set[Job] = frozenset(),
+             alpha: float = ALPHA) -> list[Verdict]:  # type: ignore[assignment]
+    """Every claim's verdict from the cells seen, Holm-adjusted across the claims, and for each one
+    undecided the runs that would decide it (the power each test has at the effect its claim states,
+    at the level Holm gives the first of the undecided claims)."""
+    claims = list(claims)
+    done = {(a, grid.lrs.index(lr), s) for (a, lr), c in cells.items() for s, o in c.outcomes().items()
+            if o != "missing" and lr in grid.lrs}
+    broken = {(j.arm, j.lr_index) for j in tried if (j.arm, j.lr_index, j.seed) not in done}
+    out = [_verdict(c, grid, cells, alpha / len(claims)) for c in claims]
+    _holm(out, alpha)
+    k = max(1, sum(v.verdict == "undecided" for v in out))
+    if k < len(claims):  # planned at the level Holm leaves the undecided (the p-values do not change)
+        for v in out:
+            v.parts = parts(v.claim, grid, cells, alpha / k)
+    for v in out:
+        if v.verdict == "undecided" and not v.note:
+            lean = [p for p in v.parts if p.refuting]
+            chosen = [min(lean, key=lambda p: p.n_needed)] if lean else v.parts
+            n = max((p.n_needed for p in chosen), default=0)
+            ats = _ats_of(v.claim, chosen, v.parts)
+            have = min((p.n for p in chosen), default=0)
+            v.runs_needed = max(0, n - have) * len(ats)
+            if any((a.arm(grid), a.lr_index(grid)) in broken for a in ats):
+                v.note = (f"undecided: needs {v.runs_needed} more runs (a run of its cells failed in this "
+                          "session: rerun lnexp atlas to retry)")
+            elif n > MAX_SEEDS and (have >= PILOT or v.claim.test in STABILITY):
+                more = "+" if n > S.MAX_N else ""
+                v.note = (f"undecided: needs {v.runs_needed}{more} more runs ({n}{more} seeds per cell; the "
+                          f"atlas runs at most {MAX_SEEDS})")
+            else:  # a paired claim gets its pilot seeds before its spread is estimated from them
+                pilot = v.claim.test not in STABILITY and have < PILOT
+                target = PILOT if pilot else min(n, MAX_SEEDS)
+                v.jobs = tuple(_next_jobs(ats, target, grid, cells, set(tried)))
+    return out
+
+
+def _ats_of(claim: Claim, chosen: list[Part], every: list[Part]) -> list[At]:
+    """The cells of the comparisons chosen (a claim refuted by one comparison extends that one only)."""
+    if claim.test in STABILITY:
+        idx = [every.index(p) for p in chosen]
+        pairs = [claim.pairs[i] for i in idx]
+    else:
+        per = max(1, len(claim.measures))
+        pairs = [claim.pairs[every.index(p) // per] for p in chosen]
+    return list(dict.fromkeys(a for pair in pairs for a in pair if a is not None))
+
+
+def _verdict(claim: Claim, grid: Grid, cells: Cells, alpha: float) -> Verdict:
+    ps = parts(claim, grid, cells, alpha)
+    v = Verdict(claim, ps, max((p.p for p in ps), default=1.0),
+                min(1.0, len(ps) * min((p.p_refute for p in ps), default=1.0)))
+    for a in claim.ats():
+        c = cells.get(a.key(grid))
+        v.n[a] = c.finished if c else 0
+    if claim.no_norm:
+        normed = [a.scheme for a in claim.ats() if not no_norm(Scheme.of(a.scheme).placement)]
+        if normed:
+            v.p, v.p_refute = 1.0, 1.0
+            v.note = f"undecided: {', '.join(normed)} has a norm in its config (the claim is about no norm)"
+    return v
+
+
+def _holm(verdicts: list[Verdict], alpha: float) -> None:
+    sup, p_sup = S.holm([v.p for v in verdicts], alpha)
+    ref, p_ref = S.holm([v.p_refute for v in verdicts], alpha)
+    for v, s, ps, r, pr in zip(verdicts, sup, p_sup, ref, p_ref, strict=True):
+        v.p_holm, v.p_refute_holm = ps, pr
+        v.verdict = "supported" if s else "not supported" if r else "undecided"
+
+
+def needs(verdicts: list[Verdict], cost: dict[int, float]) -> list[Need]:
+    """Per claim, what the allocation (lnexp.atlas.plan.allocate) weighs: decided or not, its next
+    runs, and what deciding it costs: the runs it needs at the cost of its next ones (``cost``:
+    seconds per run by depth)."""
+    out = []
+    for v in verdicts:
+        per = [cost.get(j.arm.depth, max(cost.values())) for j in v.jobs]
+        out.append(Need(v.claim.id, v.verdict != "undecided", v.jobs,
+                        sum(per) / len(per) * max(v.runs_needed, len(per)) if per else 0.0))
+    return out

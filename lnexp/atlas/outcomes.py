@@ -1,0 +1,217 @@
+"""What the atlas reads from a run, defined once for the plan, the driver, the claims and the
+figures: a run's outcome (:func:`outcome`, the one place a run's status is read), the arm and lr it
+belongs to, the per-run measures the claims compare (:func:`measure`), the runs of one arm at one lr
+(:class:`Cell`: stable when every finished seed trained) and an arm's largest stable lr.
+
+A run ends ``trained``, ``plateau`` (its validation NLL still at the unigram entropy, see
+lnexp/train/divergence.py) or ``diverged`` (NaN/inf loss or gradient, or a non-finite valid loss);
+a run not finished yet (running, failed, pending) is ``missing`` and leaves its cell as it was.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lnexp.results import Run
+from lnexp.rundir import run_paths
+
+OUTCOMES = ("trained", "plateau", "diverged", "missing")
+FAILED = ("plateau", "diverged")
+
+
+def final(run: Run, key: str) -> float:
+    vals = run.series(key)
+    return vals[-1] if vals else math.nan
+
+
+def outcome(run: Run) -> str:
+    """trained | plateau | diverged | missing: the one reading of a run's status in the atlas."""
+    reason = str((run.diverged or {}).get("reason", ""))
+    if reason.startswith("non-finite") or (run.metrics and not math.isfinite(final(run, "valid_loss"))):
+        return "diverged"
+    if reason.startswith("plateau"):
+        return "plateau"
+    if run.state == "done" and run.metrics:
+        return "trained"
+    return "missing"
+
+
+def stable_of(outcomes: Iterable[str]) -> bool | None:
+    """True: every finished seed trained; False: one plateaued or diverged; None: none finished."""
+    done = [o for o in outcomes if o != "missing"]
+    if not done:
+        return None
+    return all(o == "trained" for o in done)
+
+
+@dataclass(frozen=True, order=True)
+class Scheme:
+    """A placement with a norm (norm=dyt is its own group, combinable with any placement)."""
+
+    placement: str
+    norm: str = "layernorm"
+
+    @property
+    def label(self) -> str:
+        return self.placement if self.norm == "layernorm" else f"{self.placement}+{self.norm}"
+
+    @classmethod
+    def of(cls, label: str) -> Scheme:
+        p, _, n = label.partition("+")
+        return cls(p, n or "layernorm")
+
+
+@dataclass(frozen=True, order=True)
+class Arm:
+    """What a cell varies but the lr and the seed: scheme, warm-up, depth, residual step dt."""
+
+    scheme: Scheme
+    warmup: int
+    depth: int
+    dt: float = 1.0
+
+    @property
+    def label(self) -> str:
+        w = "no warm-up" if self.warmup == 0 else f"warm-up {self.warmup}"
+        dt = "" if self.dt == 1.0 else f", dt {self.dt:g}"
+        return f"{self.scheme.label}, {self.depth}+{self.depth}, {w}{dt}"
+
+
+def arm_of(run: Run) -> Arm:
+    return Arm(Scheme(str(run.get("placement.name")), str(run.get("norm.name", "layernorm"))),
+               int(run.get("warmup")), int(run.get("depth.encoder_layers") or 6),
+               float(run.get("residual_scale", 1.0)))
+
+
+# --- per-run measures -----------------------------------------------------------------------------
+
+
+def norms_of(run: Run) -> dict[str, dict[str, float]]:
+    """{side: {first, last (hidden RMS at the last tracked update), grad (mean over updates of the FFN
+    gradient norm, sqrt(W1² + W2²), over the last third of the stack's layers)}} from norms.csv."""
+    try:
+        with open(run_paths(run.dir)["norms"], newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("h_sq_norm_per_d") not in (None, "")]
+    except OSError:
+        return {}
+    if not rows:
+        return {}
+    last = max(int(r["update"]) for r in rows)
+    out: dict[str, dict[str, float]] = {}
+    for side in ("encoder", "decoder"):
+        rs = [r for r in rows if r["side"] == side]
+        if not rs:
+            continue
+        layers = sorted({int(r["layer"]) for r in rs})
+        at_end = {int(r["layer"]): math.sqrt(max(float(r["h_sq_norm_per_d"]), 0.0))
+                  for r in rs if int(r["update"]) == last}
+        deep = set(layers[-max(1, len(layers) // 3):])
+        g = [math.hypot(float(r["w1_grad_norm"]), float(r["w2_grad_norm"]))
+             for r in rs if int(r["layer"]) in deep]
+        g = [x for x in g if math.isfinite(x)]
+        out[side] = {"first": at_end.get(layers[0], math.nan), "last": at_end.get(layers[-1], math.nan),
+                     "grad": sum(g) / len(g) if g else math.nan}
+    return out
+
+
+MEASURES = {  # name -> (what it is, unit)
+    "valid_loss": ("final valid loss", "bits/token"),
+    "last_rms.encoder": ("encoder last-layer hidden-state RMS", "log2"),
+    "last_rms.decoder": ("decoder last-layer hidden-state RMS", "log2"),
+    "deep_grad.encoder": ("encoder FFN gradient norm, last third of the layers", "log2"),
+    "deep_grad.decoder": ("decoder FFN gradient norm, last third of the layers", "log2"),
+}
+
+
+def measure(run: Run, name: str) -> float:
+    """One of MEASURES for a run whose loss is finite (nan otherwise): ratios are compared as log2."""
+    loss = final(run, "valid_loss")
+    if not math.isfinite(loss):
+        return math.nan
+    if name == "valid_loss":
+        return loss
+    kind, side = name.split(".")
+    v = norms_of(run).get(side, {}).get("last" if kind == "last_rms" else "grad", math.nan)
+    return math.log2(v) if math.isfinite(v) and v > 0 else math.nan
+
+
+# --- cells ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """The runs of one arm at one lr, over seeds."""
+
+    arm: Arm
+    lr: float
+    runs: list[Run] = field(default_factory=list)
+
+    def outcomes(self) -> dict[int, str]:
+        return {int(r.get("seed")): outcome(r) for r in self.runs}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(OUTCOMES, 0)
+        for o in self.outcomes().values():
+            out[o] += 1
+        return out
+
+    @property
+    def finished(self) -> int:
+        return sum(o != "missing" for o in self.outcomes().values())
+
+    @property
+    def trained(self) -> int:
+        return self.counts["trained"]
+
+    @property
+    def stable(self) -> bool | None:
+        return stable_of(self.outcomes().values())
+
+    def by_seed(self, name: str) -> dict[int, float]:
+        """{seed: measure} of the finished runs with a finite value."""
+        vals = {int(r.get("seed")): measure(r, name) for r in self.runs if outcome(r) != "missing"}
+        return {s: v for s, v in vals.items() if math.isfinite(v)}
+
+    def losses(self) -> list[float]:
+        return list(self.by_seed("valid_loss").values())
+
+    def row(self) -> dict[str, Any]:
+        a, c = self.arm, self.counts
+        return {"scheme": a.scheme.label, "depth": a.depth, "warmup": a.warmup, "dt": a.dt, "lr": self.lr,
+                "seeds": len(self.runs), **{o: c[o] for o in OUTCOMES}, "stable": self.stable}
+
+
+Cells = dict[tuple[Arm, float], Cell]
+
+
+def cells(runs: Iterable[Run]) -> Cells:
+    out: Cells = {}
+    for r in runs:
+        a, lr = arm_of(r), float(r.get("lr"))
+        out.setdefault((a, lr), Cell(a, lr)).runs.append(r)
+    return dict(sorted(out.items()))
+
+
+def boundary(states: list[bool | None]) -> tuple[int, int]:
+    """(lo, hi) over an arm's lrs by increasing index (stable, failed, or None: not known): hi the
+    first failure's index (len(states): none), lo the largest index stable below it (-1: none).
+    The largest stable lr lies between them: the plan bisects there, the figures draw it."""
+    hi = next((i for i, s in enumerate(states) if s is False), len(states))
+    return max((i for i in range(hi) if states[i] is True), default=-1), hi
+
+
+def largest_stable(grid: Cells, lrs: list[float], arm: Arm) -> dict[str, Any]:
+    """Largest lr stable with every lower *measured* lr stable (bisection leaves gaps): ``known``
+    once a failure is seen right above it or it is the grid's top; ``first_fail``: the lowest
+    failing lr."""
+    lo, hi = boundary([grid[(arm, lr)].stable if (arm, lr) in grid else None for lr in lrs])
+    first_fail = lrs[hi] if hi < len(lrs) else None
+    if lo < 0:
+        return {"lr": None, "top": False, "known": hi == 0, "first_fail": first_fail}
+    top = hi == len(lrs) and lo == len(lrs) - 1
+    return {"lr": lrs[lo], "top": top, "known": top or hi == lo + 1, "first_fail": first_fail}
