@@ -1,7 +1,7 @@
 """Gradient and hidden-state measurements (Xiong et al. Fig. 3, Kan et al.). No plotting here.
 
 - ``ffn_grad_norms``, ``HiddenStats``, ``stack_layers``: per-layer gradient norms and hidden-state
-  hooks, owned by training (``lnexp.train.norms``, which ``track_norms`` uses) and re-exported here.
+  hooks, owned by training (``lnexp.train.norm_tracking``, which ``track_norms`` uses) and re-exported here.
 - ``sample_batch``/``loss_and_grads``: a real batch of a dataset and the gradient of the training
   criterion's mean per-token loss on it (fairseq normalises by the sample size the same way).
 - ``simplified_layers``/``ln_jacobian_spectral_norm``: the setting of Xiong et al.'s lemmas.
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from lnexp.train.norms import PARAMS, SIDES, HiddenStats, ffn_grad_norms, stack_layers, unwrap
+from lnexp.train.norm_tracking import PARAMS, SIDES, HiddenStats, ffn_grad_norms, stack_layers, unwrap
 
 __all__ = ["HiddenStats", "ffn_grad_norms", "stack_layers"]  # used by lnexp.figures
 

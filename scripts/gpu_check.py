@@ -45,7 +45,7 @@ def first_update_norms(store: dict):
     """``on_first`` for LnexpTrainer.run: the per-layer FFN gradient norms track_norms reads."""
     def record(run, step) -> None:
         from lnexp import fairseq_adapter as fa
-        from lnexp.train.norms import ffn_grad_norms
+        from lnexp.train.norm_tracking import ffn_grad_norms
 
         if step and not step.get("overflow"):  # an fp16 overflow leaves no gradients: nan
             store.update(ffn_grad_norms(run.model, fa.stepped_grads(run.trainer)))

@@ -84,7 +84,7 @@ def test_fp16_gives_up_at_min_loss_scale(small_multi30k, tmp_path, monkeypatch,
 
 def track(model, trainer, batch, path):
     from lnexp import fairseq_adapter as fa
-    from lnexp.train.norms import NormTracker
+    from lnexp.train.norm_tracking import NormTracker
 
     tracker = NormTracker(model, path, every=1, grad_of=fa.stepped_grads(trainer))
     step = fa.train_step(trainer, batch)
@@ -96,7 +96,7 @@ def track(model, trainer, batch, path):
 
 
 def test_bf16_tracks_the_same_gradient_norms_as_fp32(small_multi30k, tmp_path, monkeypatch):
-    from lnexp.train.norms import ffn_grad_norms
+    from lnexp.train.norm_tracking import ffn_grad_norms
 
     norms = {}
     for precision in ("fp32", "bf16"):

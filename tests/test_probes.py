@@ -133,7 +133,7 @@ def _rows(path):
 def test_norm_tracker_writes_every_n_updates_and_resumes(tiny_task, tiny_batch, tmp_path):
     from torch.utils.tensorboard import SummaryWriter
 
-    from lnexp.train.norms import TRACK_FIELDS, NormTracker
+    from lnexp.train.norm_tracking import TRACK_FIELDS, NormTracker
 
     model = build(tiny_task, placement="pre_ln", dropout=0.1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

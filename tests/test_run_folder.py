@@ -1,5 +1,5 @@
 """The run folder under faults: damaged lines, full disks, corrupt checkpoints, two launches of
-one run, and the fair share of cores (lnexp.rundir, lnexp.train.runlock, lnexp.train.sharing)."""
+one run, and the fair share of cores (lnexp.rundir, lnexp.runtime.runlock, lnexp.runtime.sharing)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def _dead_pid() -> int:
 def test_a_lock_refuses_a_second_launch_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
     import socket
 
-    from lnexp.train import runlock
+    from lnexp.runtime import runlock
 
     run = tmp_path / "run"
     with runlock.hold(run):
@@ -89,7 +89,7 @@ def test_a_lock_refuses_a_second_launch_and_a_dead_holders_lock_is_taken_over(tm
 def test_fair_share_of_cores(tmp_path, monkeypatch):
     import socket
 
-    from lnexp.train import sharing
+    from lnexp.runtime import sharing
 
     monkeypatch.setattr(sharing, "cores", lambda: 8)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

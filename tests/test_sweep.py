@@ -76,7 +76,7 @@ def test_killed_sweep_resumes_without_redoing_and_matches_uninterrupted(tmp_path
 
 
 def test_progress_line_and_sweep_size(tmp_path):
-    from lnexp.train import progress
+    from lnexp.runtime import progress
 
     (tmp_path / "multirun.yaml").write_text(
         "hydra:\n  sweeper:\n    params:\n      lr: 5.0e-4,1.0e-3\n      warmup: 0,13,100\n"

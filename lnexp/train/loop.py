@@ -23,11 +23,12 @@ from omegaconf import DictConfig
 from lnexp import fairseq_adapter as fa
 from lnexp import rundir
 from lnexp.rundir import read_json, run_paths
-from lnexp.train import runlock, settings
+from lnexp.runtime import runlock
+from lnexp.runtime.sharing import Sharing
+from lnexp.train import settings
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import FINAL, OtherRank, Rank0
 from lnexp.train.settings import RunSetup
-from lnexp.train.sharing import Sharing
 from lnexp.train.state import RunState, zero_sums
 
 log = logging.getLogger("lnexp.train")

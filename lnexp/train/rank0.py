@@ -19,7 +19,7 @@ from typing import Any
 from lnexp import fairseq_adapter as fa
 from lnexp import rundir
 from lnexp.rundir import read_json, write_json
-from lnexp.train import progress
+from lnexp.runtime import progress
 from lnexp.train.epoch_checkpoints import keep_epoch
 from lnexp.train.runlog import RunLog
 from lnexp.train.settings import RunSetup
@@ -65,7 +65,7 @@ class Rank0:
         })
         self.tracker = None
         if setup.track_every:
-            from lnexp.train.norms import NormTracker
+            from lnexp.train.norm_tracking import NormTracker
 
             self.tracker = NormTracker(trainer.model, self.paths["norms"], setup.track_every, n,
                                        tb=self.runlog.tb, grad_of=fa.stepped_grads(trainer))

@@ -77,8 +77,8 @@ def _job(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from lnexp import rundir
+    from lnexp.runtime.runlock import RunLocked
     from lnexp.train.loop import train_run
-    from lnexp.train.runlock import RunLocked
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -219,10 +219,10 @@ def main(argv: list[str]) -> int:
     import hydra
 
     from lnexp import config, run_names
-    from lnexp.train.sharing import passive_wait_if_shared
+    from lnexp.runtime.sharing import passive_wait_if_shared
 
     if {"--help", "-h"} & set(argv):  # Hydra's help drops the YAML comments that explain the keys
-        from lnexp.train.help import train_help
+        from lnexp.config_help import train_help
 
         print(train_help())
         return 0
