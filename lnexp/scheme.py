@@ -53,8 +53,15 @@ FORMULAS: dict[str, Callable[[str, int, int, int], float]] = {
     # encoder sqrt(log(3M) log(2N) / 3), decoder sqrt(log(3M))
     "subln_gain": lambda s, layer, n, m: math.sqrt(math.log(3 * m) * math.log(2 * n) / 3)
     if s == "encoder" else math.sqrt(math.log(3 * m)),
-    # T-Fixup scales the (shared) embeddings with the decoder's factor (9M)^-1/4
+    # lnexp's earlier T-Fixup reading: every embedding table times the decoder's factor (9M)^-1/4
     "t_fixup_embed": lambda s, layer, n, m: (9 * m) ** -0.25,
+    # T-Fixup as layer6ai-labs/T-Fixup builds it (fairseq/models/transformer.py TransformerEncoder and
+    # TransformerDecoder __init__): each stack's table times (9N)^-1/4 (encoder), (9M)^-1/4 (decoder);
+    # a shared table is scaled once, by the encoder
+    "t_fixup_embedding": lambda s, layer, n, m: (9 * (n if s == "encoder" else m)) ** -0.25,
+    # B2T (takase/b2t_connection, fairseq/modules/transformer_layer.py rescaling_init): the stack's
+    # depth L^-1/2 on every non-LN weight of its layers
+    "inv_sqrt_depth": lambda s, layer, n, m: (n if s == "encoder" else m) ** -0.5,
 }
 
 
@@ -122,8 +129,14 @@ STRUCTURES: dict[str, Structure] = {
 PROFILES = ("admin",)
 MATRICES = ("fc1", "fc2", "q_proj", "k_proj", "v_proj", "out_proj")
 DRAWS = ("fairseq", "xavier_normal")
-SWITCHES = ("input_norm", "output_norm", "sum_norm", "inner_norm")
-SUBLAYERS = ("attention", "ffn")
+SWITCHES = ("input_norm", "output_norm", "sum_norm", "inner_norm", "norm_residual")
+# the sub-layer kinds a ``sublayers`` entry can name; cross_attention (the decoder's) takes the
+# attention entry first, then its own
+SUBLAYERS = ("attention", "cross_attention", "ffn")
+# what a ``sublayers`` entry can set: the switches, NormFormer's head scale, and whether the scheme's
+# init gain reaches that sub-layer's matrices (torchscale's Sub-LN skips the cross-attention)
+SUBLAYER_KEYS = (*SWITCHES, "head_scale", "scaled_init")
+QK_NORM_FORMS = ("layernorm", "l2")
 
 
 @dataclass(frozen=True)
@@ -136,6 +149,11 @@ class Init:
     unit: tuple[str, ...] = ()  # matrices redrawn with gain 1 (draw=xavier_normal)
     embed_gain: float | str = 1.0  # multiplies the token embeddings after fairseq's draw
     profile: str | None = None  # admin: a pass over one batch sets the residual gains (fresh runs)
+    bias: bool = False  # the scaled matrices' biases get the gain too (torchscale scales both)
+    # matrices whose fairseq draw is first brought to a plain Xavier-uniform draw, as the older
+    # fairseq of T-Fixup's code drew them: q/k/v x sqrt(2) (fairseq draws them with gain 1/sqrt(2)),
+    # fc1/fc2 from torch's default bound 1/sqrt(fan_in) to sqrt(6/(fan_in+fan_out)) with bias 0
+    plain_xavier: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,11 +167,17 @@ class Placement:
     output_norm: bool = False  # Norm(F(.))
     sum_norm: bool = True  # Norm(x + F)
     inner_norm: bool = False  # Sub-LN: a norm inside F before its output projection
+    norm_residual: bool = False  # HybridNorm: x <- Norm(x) + F(Norm(x)), the sum starts after the norm
     input_norm_scale: float | str = 1.0  # multiplies the input norm's output (LayerNorm Scaling)
     residual_weight: float | str = 1.0  # multiplies x in the sum (DeepNorm's alpha)
     branch_gate: bool = False  # ReZero: a learnable scalar, 0 at init, multiplies the branch
+    shared_gate: bool = False  # ReZero's code: one gate per layer, shared by its sub-layers
     residual_gain: bool = False  # Admin: a learnable per-dimension weight on x, set by init.profile
     qk_norm: bool = False  # queries and keys normalised per head before their dot product
+    # layernorm: the configured norm per head, 1/sqrt(d_h) kept (ViT-22B's QK-LayerNorm); l2: Henry
+    # et al. 2020's q/|q|, k/|k| per head with a learned scalar g (from qk_scale0) in place of 1/sqrt(d_h)
+    qk_norm_form: str = "layernorm"
+    qk_scale0: float = 9.954196310386875  # Henry et al.'s g at init: log2(L^2 - L), L = 32 tokens
     v_norm: bool = False  # values normalised per head too (HybridNorm's QKV-norm)
     head_scale: bool = False  # NormFormer: a learnable scale per head before the output projection
     final_norm: bool = False  # a norm on each stack's output
@@ -164,8 +188,8 @@ class Placement:
 
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
-        flags = ("branch_gate", "residual_gain", "qk_norm", "v_norm", "head_scale", "final_norm",
-                 "embed_norm", *SWITCHES)
+        flags = ("branch_gate", "shared_gate", "residual_gain", "qk_norm", "v_norm", "head_scale",
+                 "final_norm", "embed_norm", *SWITCHES)
         for key in flags:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "
@@ -181,9 +205,21 @@ class Placement:
         if self.residual_gain != (self.init.profile == "admin"):
             raise ValueError(f"{where}: residual_gain and init.profile=admin go together (the "
                              "profiling pass sets the gains): set both or neither")
+        if self.shared_gate and not self.branch_gate:
+            raise ValueError(f"{where}: shared_gate shares ReZero's gate (branch_gate): set "
+                             "branch_gate=true or shared_gate=false")
+        if self.qk_norm_form not in QK_NORM_FORMS:
+            raise ValueError(f"{where}: qk_norm_form={self.qk_norm_form!r} is not one of "
+                             f"{', '.join(QK_NORM_FORMS)}")
+        if isinstance(self.qk_scale0, bool) or not isinstance(self.qk_scale0, int | float):
+            raise ValueError(f"{where}: qk_scale0={self.qk_scale0!r} must be a number: e.g. "
+                             "placement.qk_scale0=9.954")
+        if not isinstance(self.init.bias, bool):
+            raise ValueError(f"{where}: init.bias={self.init.bias!r} must be true or false")
         if self.init.draw not in DRAWS:
             raise ValueError(f"{where}: init.draw={self.init.draw!r} is not one of {', '.join(DRAWS)}")
-        bad = [m for m in (*self.init.scaled, *self.init.unit) if m not in MATRICES]
+        bad = [m for m in (*self.init.scaled, *self.init.unit, *self.init.plain_xavier)
+               if m not in MATRICES]
         if bad:
             raise ValueError(f"{where}: init matrices {bad} are not among {', '.join(MATRICES)}")
         if self.first_layers is not None:
@@ -193,26 +229,33 @@ class Placement:
                 raise ValueError(f"{where}: first_layers takes fraction (0..1) and "
                                  f"{', '.join(SWITCHES)}; got {dict(self.first_layers)}")
         for kind, over in (self.sublayers or {}).items():
-            if kind not in SUBLAYERS or set(over) - set(SWITCHES):
-                raise ValueError(f"{where}: sublayers takes {' and '.join(SUBLAYERS)}, each with "
-                                 f"{', '.join(SWITCHES)}; got {dict(self.sublayers or {})}")
+            if kind not in SUBLAYERS or not isinstance(over, dict) or set(over) - set(SUBLAYER_KEYS):
+                raise ValueError(f"{where}: sublayers takes {', '.join(SUBLAYERS)}, each with "
+                                 f"{', '.join(SUBLAYER_KEYS)}; got {dict(self.sublayers or {})}")
         for kind in SUBLAYERS:
             for first in (False, True):
                 switches = self._resolve(kind, first)
                 if switches["input_norm"] and switches["sum_norm"]:
                     raise ValueError(f"{where}: input_norm and sum_norm share one norm per "
                                      "sub-layer; set one of them false")
+                if switches["norm_residual"] and not switches["input_norm"]:
+                    raise ValueError(f"{where}: norm_residual takes the residual after the input "
+                                     "norm: set input_norm=true where norm_residual is")
 
     def _resolve(self, kind: str, first: bool) -> dict[str, bool]:
         s = {k: bool(getattr(self, k)) for k in SWITCHES}
-        s.update({k: bool(v) for k, v in (self.sublayers or {}).get(kind, {}).items()})
+        s.update(head_scale=bool(self.head_scale), scaled_init=True)
+        kinds = ("attention", kind) if kind == "cross_attention" else (kind,)
+        for k in kinds:
+            s.update({key: bool(v) for key, v in (self.sublayers or {}).get(k, {}).items()})
         if first:
             s.update({k: bool(v) for k, v in (self.first_layers or {}).items() if k in SWITCHES})
         return s
 
     def switches(self, layer: int, n_layers: int, sublayer: str = "attention") -> dict[str, bool]:
-        """The norm switches of one sub-layer kind (attention or ffn) of 1-based layer ``layer`` of
-        an ``n_layers`` stack: the scheme's, then its ``sublayers`` entry, then Mix-LN's rule."""
+        """The switches (SUBLAYER_KEYS) of one sub-layer kind (attention, cross_attention or ffn)
+        of 1-based layer ``layer`` of an ``n_layers`` stack: the scheme's, then its ``sublayers``
+        entries, then Mix-LN's rule."""
         first = self.first_layers is not None and \
             layer <= math.floor(self.first_layers["fraction"] * n_layers)
         return self._resolve(sublayer, first)
@@ -235,7 +278,7 @@ class Placement:
         if set(init) - init_names:
             raise ValueError(f"placement {data.get('name')}: unknown init keys "
                              f"{sorted(set(init) - init_names)}; init has {', '.join(sorted(init_names))}")
-        for key in ("scaled", "unit"):
+        for key in ("scaled", "unit", "plain_xavier"):
             init[key] = tuple(init.get(key) or ())
         return cls(**data, init=Init(**init))
 

@@ -79,7 +79,7 @@ CASES = [
     # --- lnexp train: groups, sweeps, folders, Hydra's flags ---------------------------------
     ("train depth=1000000", "depth=1000000 is more than 1000 layers a stack"),
     ("train depth=0", "depth=0 must be a whole number of layers >= 1"),
-    ("train placement=preln", "use one of admin, b2t, deepnorm, hybridnorm, "),
+    ("train placement=preln", "use one of admin, b2t, b2t_noinit, deepnorm, hybridnorm, "),
     ("train placement=deepnorm placement.residual_weight=alpha",
      "residual_weight='alpha' must be a number or one of deepnorm_alpha"),
     ("train dataset=nope", "dataset=nope is not an option of the dataset group"),

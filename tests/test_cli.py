@@ -18,7 +18,7 @@ from tests.conftest import REPO, lnexp_cmd
     (["train", "-m", "lr=interval(1e-4,1e-3)"], "write e.g. lr=1e-4,5e-4,1e-3"),
     (["train", "warmup=abc"], "e.g. warmup=4000"),
     (["train", "max_epoch=abc"], "e.g. max_epoch=2"),
-    (["train", "placement=preln"], "use one of admin, b2t, deepnorm, "),
+    (["train", "placement=preln"], "use one of admin, b2t, b2t_noinit, deepnorm, "),
     (["train", "-m", "depth=6,0"], "depth=0 must be a whole number"),
     (["figure", "fig3", "--replot", "--out", "/nonexistent/figs"], "run `lnexp figure fig3`"),
     (["prepare", "nope"], "invalid choice: 'nope'"),

@@ -27,7 +27,7 @@ def test_depth_unequal_stacks_and_quoted_form():
     ("depth=2.5", "depth=2.5 must be a whole number of layers >= 1"),
     ("depth.encoder_layers=0", "depth.encoder_layers=0 must be a whole number of layers >= 1"),
     ("placement=preln", "placement=preln is not an option of the placement group: use one of "
-                        "admin, b2t, deepnorm, "),
+                        "admin, b2t, b2t_noinit, deepnorm, "),
     ("warmup=abc", "warmup='abc' is not a whole number: e.g. warmup=4000"),
     ("max_epoch=abc", "max_epoch='abc' is not a whole number: e.g. max_epoch=2"),
     ("lr=abc", "lr='abc' is not a number: e.g. lr=5e-4"),

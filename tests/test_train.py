@@ -18,7 +18,7 @@ SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "di
 
 @pytest.mark.parametrize("override,needle", [
     ("placement=prelayernorm", "placement=prelayernorm is not an option of the placement group: use "
-                               "one of admin, b2t, deepnorm, "),
+                               "one of admin, b2t, b2t_noinit, deepnorm, "),
     ("optimizer=adamw", "optimizer=adamw is not an option of the optimizer group: use one of adam"),
     ("lr=0", "lr=0 must be a positive number"),
     ("lr=-1e-3", "must be a positive number"),

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 from tests.conftest import tiny_args
 
-ZOO = ("sandwich_ln", "olmo2", "qk_norm", "ln_scaling", "mix_ln", "rezero", "b2t", "t_fixup",
-       "sub_ln", "normformer", "hybridnorm", "admin", "resi_dual")
+ZOO = ("sandwich_ln", "olmo2", "qk_norm", "qk_layernorm", "ln_scaling", "mix_ln", "rezero",
+       "rezero_per_sublayer", "b2t", "b2t_noinit", "t_fixup", "sub_ln", "normformer", "hybridnorm",
+       "admin", "resi_dual")
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
 
@@ -28,7 +29,7 @@ def build(task, placement: str, seed: int = 0, **over):
     assert Placement.from_json(spec.to_json()) == spec
     torch.manual_seed(seed)
     args = tiny_args("ln_transformer", placement=placement, placement_spec=spec.to_json(),
-                     encoder_layers=LAYERS, decoder_layers=LAYERS, **over)
+                     **{"encoder_layers": LAYERS, "decoder_layers": LAYERS, **over})
     return ARCH_MODEL_REGISTRY["ln_transformer"].build_model(args, task)
 
 
@@ -54,11 +55,14 @@ def attention(attn, x, mem, causal: bool):
 
     q, k, v = (heads(F.linear(z, p.weight, p.bias)) for z, p in
                ((x, attn.q_proj), (mem, attn.k_proj), (mem, attn.v_proj)))
-    if hasattr(attn, "q_norm"):
+    scale = 1 / math.sqrt(d // h)
+    if hasattr(attn, "q_norm") and hasattr(attn.q_norm, "scale"):  # Henry et al.: g q^ k^T
+        q, k, scale = F.normalize(q, dim=-1), F.normalize(k, dim=-1), attn.q_norm.scale
+    elif hasattr(attn, "q_norm"):
         q, k = norm(attn.q_norm.norm, q), norm(attn.k_norm.norm, k)
     if hasattr(attn, "v_norm"):
         v = norm(attn.v_norm.norm, v)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(d // h)
+    scores = q @ k.transpose(-1, -2) * scale
     if causal:
         scores = scores + torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
     heads_out = scores.softmax(-1) @ v  # B H T dh
@@ -101,24 +105,26 @@ def reference(placement: str, layer, depth: int, x, mem=None):
             x = x + out(name)(f(n(name)(x)))
         elif placement == "olmo2":              # x + Norm(F(x))
             x = x + out(name)(f(x))
-        elif placement == "qk_norm":            # Pre-LN, normalised q and k
+        elif placement in ("qk_norm", "qk_layernorm"):  # Pre-LN, normalised q and k
             x = x + f(n(name)(x))
         elif placement == "ln_scaling":         # x + F(LN(x) / sqrt(l))
             x = x + f(n(name)(x) / math.sqrt(depth))
         elif placement == "mix_ln":             # Post-LN for l <= floor(0.25 L), Pre-LN after
             x = n(name)(x + f(x)) if depth <= math.floor(0.25 * LAYERS) else x + f(n(name)(x))
-        elif placement == "rezero":             # x + alpha F(x)
+        elif placement == "rezero":             # x + alpha F(x), one alpha per layer
+            x = x + layer.layer_gate * f(x)
+        elif placement == "rezero_per_sublayer":  # x + alpha_i F_i(x)
             x = x + getattr(layer, f"{name}_gate") * f(x)
-        elif placement == "b2t":                # Post-LN; the layer input joins the last sum
+        elif placement in ("b2t", "b2t_noinit"):  # Post-LN; the layer input joins the last sum
             x = n(name)(x + f(x) + (x0 if i == len(subs) - 1 else 0))
         elif placement == "t_fixup":            # no norm
             x = x + f(x)
         elif placement == "sub_ln":             # x + W_out LN(G(LN(x))), G's inner norm in f
             x = x + f(n(name)(x))
-        elif placement == "normformer":         # attention: x + LN(Attn_hs(LN x)); FFN: Sub-LN's
-            x = x + (f(n(name)(x)) if name == "final" else out(name)(f(n(name)(x))))
-        elif placement == "hybridnorm":         # x + Attn(QKV-norm)(x); Norm(x + FFN(x))
-            x = n(name)(x + f(x)) if name == "final" else x + f(x)
+        elif placement == "normformer":         # self-attn: x + LN(Attn_hs(LN x)); FFN: Sub-LN's
+            x = x + (out(name)(f(n(name)(x))) if name == "self_attn" else f(n(name)(x)))
+        elif placement == "hybridnorm":         # x + Attn(QKV-norm)(x); z = Norm(x), z + FFN(z)
+            x = n(name)(x) + f(n(name)(x)) if name == "final" else x + f(x)
         elif placement == "admin":              # LN(w * x + F(x)), w per dimension
             x = n(name)(getattr(layer, f"{name}_gain").weight * x + f(x))
         elif placement == "resi_dual":          # the Post-LN stream (the dual one: test below)
@@ -259,35 +265,355 @@ def test_norm_free_schemes_have_no_norms_and_rezero_starts_at_the_identity(tiny_
                  if isinstance(m, torch.nn.LayerNorm | torch.nn.RMSNorm)]
         assert names == [], (p, names)
     gates = [p for n, p in build(tiny_task, "rezero").named_parameters() if n.endswith("_gate")]
-    assert len(gates) == LAYERS * 5 and all(g.item() == 0 for g in gates)  # ReZero: alpha = 0 at init
+    assert len(gates) == LAYERS * 2 and all(g.item() == 0 for g in gates)  # one alpha = 0 per layer
+    gates = [p for n, p in build(tiny_task, "rezero_per_sublayer").named_parameters()
+             if n.endswith("_gate")]
+    assert len(gates) == LAYERS * 5 and all(g.item() == 0 for g in gates)  # one per sub-layer
 
 
-N = M = LAYERS
-GAINS = {  # (encoder, decoder, embeddings) factors on fairseq's draws, from each paper
-    "t_fixup": (0.67 * N ** -0.25, (9 * M) ** -0.25, (9 * M) ** -0.25),  # Huang et al. 2020, Alg. 1
-    "sub_ln": (math.sqrt(math.log(3 * M) * math.log(2 * N) / 3), math.sqrt(math.log(3 * M)), 1.0),
+# --- the authors' networks: each scheme against its reference code, float64 to 1e-12 -------------
+#
+# Each reference below is transcribed from the authors' code (file and function in its docstring)
+# and reads only the layer's own parameters. The models are built in float64 (torch's default dtype
+# for the build), every norm gain and bias, gate, head scale, QK scale and linear bias moved off its
+# initial value, and fairseq's attention softmax taken in float64 (fairseq.utils.softmax casts to
+# float32 otherwise): the layers agree with the references to rounding.
+
+ENC, DEC = 3, 2  # N != M, so that the encoder's and the decoder's factors differ
+
+
+@pytest.fixture
+def float64(monkeypatch):
+    """torch's default dtype float64 while building; fairseq's attention softmax in float64."""
+    import fairseq.utils
+
+    monkeypatch.setattr(fairseq.utils, "softmax",
+                        lambda x, dim, onnx_trace=False: F.softmax(x, dim=dim))
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
+def build64(task, placement: str, seed: int = 3):
+    return build(task, placement, seed=seed, encoder_layers=ENC, decoder_layers=DEC)
+
+
+def randomise_(model, seed: int = 2):
+    """Every parameter that starts at a constant or that a scheme scales, moved off it."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(("_gate", "head_scale", "bias")):
+                p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype) + 0.1)
+    return model.eval()
+
+
+def mha(attn, x, mem, causal: bool, qkv_norm=None, l2_scale=None, inner=None, gamma=None):
+    """Multi-head attention of T x B x d states with the projections of ``attn``: optional per-head
+    norms of q, k, v (``qkv_norm``: three functions or None), Henry et al.'s L2-normalised q, k with
+    the learned scale ``l2_scale`` in place of 1/sqrt(d_h), per-head scales ``gamma`` and a norm
+    ``inner`` before the output projection."""
+    t, b, d = x.shape
+    h = attn.num_heads
+
+    def split(y):
+        return y.reshape(y.shape[0], b, h, d // h).permute(1, 2, 0, 3)  # B H T dh
+
+    q, k, v = (split(F.linear(z, p.weight, p.bias)) for z, p in
+               ((x, attn.q_proj), (mem, attn.k_proj), (mem, attn.v_proj)))
+    if qkv_norm is not None:
+        q, k, v = (f(y) if f is not None else y for f, y in zip(qkv_norm, (q, k, v), strict=True))
+    if l2_scale is not None:
+        scores = l2_scale * F.normalize(q, p=2, dim=-1, eps=1e-12) @ \
+            F.normalize(k, p=2, dim=-1, eps=1e-12).transpose(-1, -2)
+    else:
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // h)
+    if causal:
+        scores = scores + torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
+    heads = scores.softmax(-1) @ v
+    if gamma is not None:
+        heads = heads * gamma[None, :, None, None]
+    out = heads.permute(2, 0, 1, 3).reshape(t, b, d)
+    if inner is not None:
+        out = inner(out)
+    return F.linear(out, attn.out_proj.weight, attn.out_proj.bias)
+
+
+def mlp(layer, x, inner=None):
+    """W_2 act(W_1 x) (ReLU), with a norm ``inner`` after the activation (Sub-LN, NormFormer)."""
+    h = F.relu(F.linear(x, layer.fc1.weight, layer.fc1.bias))
+    return F.linear(inner(h) if inner is not None else h, layer.fc2.weight, layer.fc2.bias)
+
+
+def _ln(mod):
+    return lambda y: norm(mod, y)
+
+
+def hybridnorm_layer(layer, x, mem=None):
+    """BryceZhuo/HybridNorm, dense_model/configs/exps/1.2B-dense-HybriedNorm.yaml on OLMo's block:
+    use_query_norm, use_key_norm, use_value_norm (per head), attn_norm: false (no norm before
+    attention), ffn_norm: true with ffn_residual_after_norm: true: h = Norm(x), x = h + FFN(h).
+    The decoder's cross-attention is built like its self-attention (OLMo is decoder-only)."""
+    def qkv(attn):
+        return tuple(_ln(getattr(attn, f"{p}_norm").norm) for p in "qkv")
+
+    x = x + mha(layer.self_attn, x, x, mem is not None, qkv_norm=qkv(layer.self_attn))
+    if mem is not None:
+        x = x + mha(layer.encoder_attn, x, mem, False, qkv_norm=qkv(layer.encoder_attn))
+    h = norm(layer.final_layer_norm, x)
+    return h + mlp(layer, h)
+
+
+def sub_ln_layer(layer, x, mem=None):
+    """microsoft/torchscale with subln=True, normalize_before: architecture/encoder.py
+    EncoderLayer.forward, decoder.py DecoderLayer.forward; component/multihead_attention.py
+    MultiheadAttention (inner_attn_ln before out_proj, built only if self_attention);
+    component/feedforward_network.py FeedForwardNetwork.forward (ffn_layernorm before fc2)."""
+    assert mem is None or not hasattr(layer.encoder_attn, "before_out_proj")
+    h = norm(layer.self_attn_layer_norm, x)
+    x = x + mha(layer.self_attn, h, h, mem is not None,
+                inner=_ln(layer.self_attn.before_out_proj.norm))
+    if mem is not None:
+        x = x + mha(layer.encoder_attn, norm(layer.encoder_attn_layer_norm, x), mem, False)
+    return x + mlp(layer, norm(layer.final_layer_norm, x), inner=_ln(layer.final_inner_norm))
+
+
+def t_fixup_layer(layer, x, mem=None):
+    """layer6ai-labs/T-Fixup fairseq/modules/transformer_layer.py TransformerEncoderLayer.forward and
+    TransformerDecoderLayer.forward with --dont-use-layernorm: x = residual + F(x), no norm."""
+    x = x + mha(layer.self_attn, x, x, mem is not None)
+    if mem is not None:
+        x = x + mha(layer.encoder_attn, x, mem, False)
+    return x + mlp(layer, x)
+
+
+def b2t_layer(layer, x, mem=None):
+    """takase/b2t_connection fairseq/modules/transformer_layer.py TransformerEncoderLayer.forward and
+    TransformerDecoderLayer.forward with --residual-bottom-to-top, Post-LN: residual_bottom = x;
+    x = LN(x + Attn(x)) [cross-attention alike]; x = residual + FFN(x); x = LN(residual_bottom + x)."""
+    bottom = x
+    x = norm(layer.self_attn_layer_norm, x + mha(layer.self_attn, x, x, mem is not None))
+    if mem is not None:
+        x = norm(layer.encoder_attn_layer_norm, x + mha(layer.encoder_attn, x, mem, False))
+    return norm(layer.final_layer_norm, bottom + (x + mlp(layer, x)))
+
+
+def rezero_layer(layer, x, mem=None):
+    """majumderb/rezero rezero/transformer/rztx.py RZTXEncoderLayer.forward, RZTXDecoderLayer
+    .forward: one resweight per layer, x = x + resweight * F(x) for each sub-layer, no norm."""
+    a = layer.layer_gate
+    x = x + mha(layer.self_attn, x, x, mem is not None) * a
+    if mem is not None:
+        x = x + mha(layer.encoder_attn, x, mem, False) * a
+    return x + mlp(layer, x) * a
+
+
+def normformer_layer(layer, x, mem=None):
+    """fairseq modules/transformer_layer.py TransformerDecoderLayerBase.forward with --scale-attn
+    (attn_ln after self-attention), --scale-heads (c_attn, here before out_proj as the paper puts
+    it, fairseq#3973) and --scale-fc (ffn_layernorm after the activation), Pre-LN: the
+    cross-attention (encoder_attn) gets neither; the encoder's layers are built as the decoder's."""
+    assert mem is None or not hasattr(layer.encoder_attn, "before_out_proj")
+    h = norm(layer.self_attn_layer_norm, x)
+    y = mha(layer.self_attn, h, h, mem is not None, gamma=layer.self_attn.before_out_proj.head_scale)
+    x = x + norm(layer.self_attn_out_norm, y)
+    if mem is not None:
+        assert layer.encoder_attn_out_norm is None
+        x = x + mha(layer.encoder_attn, norm(layer.encoder_attn_layer_norm, x), mem, False)
+    return x + mlp(layer, norm(layer.final_layer_norm, x), inner=_ln(layer.final_inner_norm))
+
+
+def qk_norm_layer(layer, x, mem=None):
+    """CyndxAI/QKNorm QKNorm/layers.py MultiheadAttention.forward with mha_sup (F.normalize of each
+    head's q and k, ScaleUp's learned g on q^k^T instead of 1/sqrt(d_h)), Encoder/Decoder.forward
+    with pre_act (Pre-Norm; a final norm)."""
+    h = norm(layer.self_attn_layer_norm, x)
+    x = x + mha(layer.self_attn, h, h, mem is not None, l2_scale=layer.self_attn.q_norm.scale)
+    if mem is not None:
+        x = x + mha(layer.encoder_attn, norm(layer.encoder_attn_layer_norm, x), mem, False,
+                    l2_scale=layer.encoder_attn.q_norm.scale)
+    return x + mlp(layer, norm(layer.final_layer_norm, x))
+
+
+AUTHORS = {"hybridnorm": hybridnorm_layer, "sub_ln": sub_ln_layer, "t_fixup": t_fixup_layer,
+           "b2t": b2t_layer, "rezero": rezero_layer, "normformer": normformer_layer,
+           "qk_norm": qk_norm_layer}
+# a norm on each stack's output: OLMo's ln_f, torchscale's and fairseq's Pre-LN layer_norm, Henry
+# et al.'s last scale with pre_act; none in T-Fixup, B2T (Post-LN) and ReZero (encoder_norm None)
+FINAL_NORM = {"hybridnorm": True, "sub_ln": True, "t_fixup": False, "b2t": False, "rezero": False,
+              "normformer": True, "qk_norm": True}
+
+
+@pytest.mark.parametrize("placement", sorted(AUTHORS))
+def test_layers_are_the_authors_code_to_float64_rounding(tiny_task, float64, placement):
+    model = randomise_(build64(tiny_task, placement))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 2, 16, generator=g, dtype=torch.float64) * 2
+    mem = torch.randn(6, 2, 16, generator=g, dtype=torch.float64)
+    causal = model.decoder.buffered_future_mask(x)
+    for layer in model.encoder.layers:
+        torch.testing.assert_close(layer(x, None), AUTHORS[placement](layer, x), rtol=1e-12, atol=1e-12)
+    for layer in model.decoder.layers:
+        got = layer(x, mem, None, self_attn_mask=causal)[0]
+        torch.testing.assert_close(got, AUTHORS[placement](layer, x, mem), rtol=1e-12, atol=1e-12)
+    for stack in (model.encoder, model.decoder):
+        assert (stack.layer_norm is not None) == FINAL_NORM[placement]
+
+
+# --- their initialisations, as functions of fairseq's draw (Post-LN's at the same seed) ---------
+
+def _leaf(key: str) -> str:
+    return key.split(".", 3)[-1]  # encoder.layers.0.self_attn.v_proj.weight -> self_attn.v_proj.weight
+
+
+def t_fixup_init(key: str, w: torch.Tensor) -> torch.Tensor:
+    """layer6ai-labs/T-Fixup fairseq/modules/transformer_layer.py
+    TransformerEncoderLayer.fixup_initialization (fc1, fc2, self_attn.out_proj weights x 0.67 N^-1/4,
+    self_attn.v_proj x 0.67 N^-1/4 x sqrt(2)) and TransformerDecoderLayer.fixup_initialization (the
+    same with (9M)^-1/4, self- and cross-attention); Linear there draws fc1, fc2 Xavier-uniform with
+    bias 0 (here: fairseq's U(+-1/sqrt(fan_in)) draw times the ratio of the two bounds); its
+    MultiheadAttention draws v with gain 1/sqrt(2) as fairseq's does. fairseq/models/transformer.py
+    TransformerEncoder.__init__: the token embeddings x (9N)^-1/4; TransformerDecoder.__init__ skips
+    them when shared (share_all_embeddings, as here)."""
+    if key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+               "decoder.output_projection.weight"):
+        return w * (9 * ENC) ** -0.25
+    if not key.startswith(("encoder.layers.", "decoder.layers.")):
+        return w
+    f = 0.67 * ENC ** -0.25 if key.startswith("encoder.") else (9 * DEC) ** -0.25
+    leaf = _leaf(key)
+    if leaf in ("fc1.bias", "fc2.bias"):
+        return torch.zeros_like(w)
+    if leaf in ("fc1.weight", "fc2.weight"):
+        fan_out, fan_in = w.shape
+        return w * (math.sqrt(6 / (fan_in + fan_out)) * math.sqrt(fan_in)) * f
+    if leaf in ("self_attn.out_proj.weight", "encoder_attn.out_proj.weight"):
+        return w * f
+    if leaf in ("self_attn.v_proj.weight", "encoder_attn.v_proj.weight"):
+        return w * 2 ** 0.5 * f
+    return w
+
+
+def sub_ln_init(key: str, w: torch.Tensor) -> torch.Tensor:
+    """microsoft/torchscale torchscale/architecture/encoder.py Encoder.__init__ and decoder.py
+    Decoder.__init__ (subln, is_encoder_decoder): every parameter whose name has fc1, fc2, out_proj
+    or v_proj, weights and biases, x sqrt(log(3M) log(2N) / 3) in the encoder, x sqrt(log(3M)) in the
+    decoder, which skips the names with encoder_attn."""
+    if key.startswith("encoder.layers."):
+        f = math.sqrt(math.log(3 * DEC) * math.log(2 * ENC) / 3)
+    elif key.startswith("decoder.layers.") and "encoder_attn" not in key:
+        f = math.sqrt(math.log(3 * DEC))
+    else:
+        return w
+    return w * f if any(m in key for m in ("fc1", "fc2", "out_proj", "v_proj")) else w
+
+
+def b2t_init(key: str, w: torch.Tensor) -> torch.Tensor:
+    """takase/b2t_connection fairseq/modules/transformer_layer.py rescaling_init(layer, L), which
+    TransformerEncoderLayer/TransformerDecoderLayer.__init__ call with --residual-bottom-to-top:
+    every parameter named *weight* but not *layer_norm* x L^-1/2, L = encoder_layers (decoder_layers)."""
+    for stack, depth in (("encoder.layers.", ENC), ("decoder.layers.", DEC)):
+        if key.startswith(stack) and "weight" in key and "layer_norm" not in key:
+            return w * depth ** -0.5
+    return w
+
+
+def fairseqs(key: str, w: torch.Tensor) -> torch.Tensor:
+    """fairseq's draw unchanged (the authors' code scales nothing)."""
+    return w
+
+
+_STACK = r"(en|de)coder\.layers\.\d+\."
+_FINAL = r"(en|de)coder\.layer_norm\.(weight|bias)"
+# the authors' init, and each scheme's own parameters (name pattern: value at init), with the number
+# of fairseq parameters the init changes (every layer's scaled matrices)
+INITS = {
+    "t_fixup": (t_fixup_init, {}, 6 * ENC + 8 * DEC + 3),  # fc1/fc2 w+b, v, out; + 3 embedding keys
+    "sub_ln": (sub_ln_init, {_STACK + r"self_attn\.before_out_proj\.norm\.weight": 1.0,
+                             _STACK + r"self_attn\.before_out_proj\.norm\.bias": 0.0,
+                             _STACK + r"final_inner_norm\.weight": 1.0,
+                             _STACK + r"final_inner_norm\.bias": 0.0,
+                             _FINAL: None}, 7 * ENC + 7 * DEC),  # w+b of fc1, fc2, v; out's w
+    "b2t": (b2t_init, {}, 6 * ENC + 10 * DEC),  # q, k, v, out per attention, fc1, fc2
+    "rezero": (fairseqs, {_STACK + "layer_gate": 0.0}, 0),
+    "normformer": (fairseqs, {_STACK + r"self_attn\.before_out_proj\.head_scale": 1.0,
+                              _STACK + r"self_attn_out_norm\.weight": 1.0,
+                              _STACK + r"self_attn_out_norm\.bias": 0.0,
+                              _STACK + r"final_inner_norm\.weight": 1.0,
+                              _STACK + r"final_inner_norm\.bias": 0.0, _FINAL: None}, 0),
+    "hybridnorm": (fairseqs, {_STACK + r"(self|encoder)_attn\.[qkv]_norm\.norm\.weight": 1.0,
+                              _STACK + r"(self|encoder)_attn\.[qkv]_norm\.norm\.bias": 0.0,
+                              _FINAL: None}, 0),
+    # Henry et al.'s g0 = log2(L^2 - L) (QKNorm/layers.py MultiheadAttention.__init__), L = 32
+    "qk_norm": (fairseqs, {_STACK + r"(self|encoder)_attn\.q_norm\.scale": math.log2(32 ** 2 - 32),
+                           _FINAL: None}, 0),
 }
 
 
-@pytest.mark.parametrize("placement", sorted(GAINS))
-def test_init_scales_fairseqs_draws_by_the_papers_gain(tiny_task, placement):
-    """fairseq's Xavier draws (the same as Post-LN's at one seed), then value, output and FFN weights
-    times the paper's encoder/decoder factor, the (shared) embeddings times its embedding factor."""
-    ours, base = build(tiny_task, placement, seed=3), build(tiny_task, "post_ln", seed=3)
+@pytest.mark.parametrize("placement", sorted(INITS))
+def test_init_is_the_authors_code_to_float64_rounding(tiny_task, float64, placement):
+    """Same seed, same fairseq draws: every parameter the scheme shares with Post-LN is the authors'
+    function of Post-LN's, every one of its own starts where the authors' does (norms: gain 1, bias
+    0; a final norm's values are fairseq's LayerNorm's)."""
+    import re
+
+    ours, base = build64(tiny_task, placement), build64(tiny_task, "post_ln")
+    rule, own, n_changed = INITS[placement]
     s_base = base.state_dict()
-    enc, dec, emb = GAINS[placement]
-    checked = 0
+    changed, seen = 0, set()
     for key, value in ours.state_dict().items():
-        if key not in s_base:  # the scheme's own norms (Sub-LN's inner ones): gain 1, bias 0
+        if key in s_base:
+            want = rule(key, s_base[key])
+            torch.testing.assert_close(value, want, rtol=1e-12, atol=0, msg=key)
+            changed += not torch.equal(want, s_base[key])
             continue
-        gain = 1.0
-        if any(m in key for m in ("fc1.weight", "fc2.weight", "v_proj.weight", "out_proj.weight")):
-            gain = enc if key.startswith("encoder.") else dec
-        if "embed_tokens" in key or key == "decoder.output_projection.weight":
-            gain = emb
-        torch.testing.assert_close(value, s_base[key] * gain, rtol=1e-6, atol=0, msg=key)
-        checked += gain != 1.0
-    assert checked >= 4 * N + 6 * M  # fc1, fc2 and per attention v, out: every layer
+        match = [p for p in own if re.fullmatch(p, key)]
+        assert match, f"{placement}: {key} is no parameter of the authors' network"
+        seen.add(match[0])
+        if own[match[0]] is not None:
+            assert torch.equal(value, torch.full_like(value, own[match[0]])), key
+    assert changed == n_changed and seen == set(own)
+    if placement == "t_fixup":  # fairseq draws fc1, fc2 from torch's default U(+-1/sqrt(fan_in))
+        for key, w in s_base.items():
+            if key.endswith(("fc1.weight", "fc2.weight")):
+                bound = 1 / math.sqrt(w.shape[1])
+                assert 0.9 * bound < w.abs().max() <= bound and s_base[key[:-6] + "bias"].abs().max() > 0
+
+
+def test_t_fixup_scales_each_stacks_own_table_and_a_shared_one_once():
+    """Unshared embeddings (T-Fixup's TransformerEncoder/TransformerDecoder __init__): the
+    encoder's table x (9N)^-1/4, the decoder's x (9M)^-1/4; the shared case is the test above."""
+    from types import SimpleNamespace
+
+    from lnexp.model.transformer import _scale_embeddings_
+    from lnexp.scheme import evaluate
+
+    enc, dec = torch.nn.Embedding(7, 4), torch.nn.Embedding(7, 4)
+    e0, d0 = enc.weight.detach().clone(), dec.weight.detach().clone()
+    model = SimpleNamespace(encoder=SimpleNamespace(embed_tokens=enc),
+                            decoder=SimpleNamespace(embed_tokens=dec))
+    _scale_embeddings_(model, {s: evaluate("t_fixup_embedding", s, 0, ENC, DEC)
+                               for s in ("encoder", "decoder")})
+    torch.testing.assert_close(enc.weight.detach(), e0 * (9 * ENC) ** -0.25, rtol=1e-7, atol=0)
+    torch.testing.assert_close(dec.weight.detach(), d0 * (9 * DEC) ** -0.25, rtol=1e-7, atol=0)
+
+
+def test_kept_variants_are_the_earlier_networks():
+    """b2t_noinit, rezero_per_sublayer and qk_layernorm are what b2t, rezero and qk_norm built
+    before they became the authors' networks (old run folders' specs rebuild them too)."""
+    from dataclasses import replace
+
+    from lnexp.scheme import Init, placement_of
+    from lnexp.train.settings import SimpleNamespace
+
+    def of(name):
+        return placement_of(SimpleNamespace(placement=name))
+
+    assert of("b2t_noinit") == replace(of("b2t"), name="b2t_noinit", init=Init())
+    assert of("rezero_per_sublayer") == replace(of("rezero"), name="rezero_per_sublayer",
+                                                shared_gate=False)
+    assert of("qk_layernorm") == replace(of("qk_norm"), name="qk_layernorm", qk_norm_form="layernorm")
 
 
 def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
@@ -308,7 +634,10 @@ def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
     ("placement.residual_weight=alpha", "must be a number or one of deepnorm_alpha"),
     ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t, resi_dual"),
     ("placement.first_layers={fraction:2}", "first_layers takes fraction (0..1)"),
-    ("placement.sublayers={mlp:{sum_norm:true}}", "sublayers takes attention and ffn"),
+    ("placement.sublayers={mlp:{sum_norm:true}}", "sublayers takes attention, cross_attention, ffn"),
+    ("placement.qk_norm_form=l1", "qk_norm_form='l1' is not one of layernorm, l2"),
+    ("placement.shared_gate=true", "shared_gate shares ReZero's gate (branch_gate)"),
+    ("placement.norm_residual=true", "norm_residual takes the residual after the input norm"),
 ])
 def test_bad_scheme_keys_are_one_line_config_errors(override, needle):
     from lnexp.config import compose

@@ -12,7 +12,9 @@ LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepn
           "admin": "Admin", "b2t": "B2T", "hybridnorm": "HybridNorm", "ln_scaling": "LN Scaling",
           "mix_ln": "Mix-LN",
           "normformer": "NormFormer", "olmo2": "OLMo-2", "qk_norm": "QK-norm", "rezero": "ReZero",
-          "resi_dual": "ResiDual", "sandwich_ln": "Sandwich-LN", "sub_ln": "Sub-LN", "t_fixup": "T-Fixup"}
+          "resi_dual": "ResiDual", "sandwich_ln": "Sandwich-LN", "sub_ln": "Sub-LN", "t_fixup": "T-Fixup",
+          "b2t_noinit": "B2T (no init)", "qk_layernorm": "QK-LayerNorm",
+          "rezero_per_sublayer": "ReZero per sub-layer"}
 # The atlas's stability maps: a cell where every seed trained, one where a seed failed, one not run
 OUTCOME_COLORS = {"trained": "#4daf4a", "failed": "#e41a1c", "not run": "#dddddd"}
 
@@ -21,8 +23,11 @@ OUTCOME_COLORS = {"trained": "#4daf4a", "failed": "#e41a1c", "not run": "#dddddd
 # colours (map titles, tick labels), so each stands out on white at 3:1 at least (tab20's pale half
 # did not: 1.6:1). Picked greedily among matplotlib's XKCD colours of contrast 3:1 to 8:1, each the
 # farthest in CIE Lab from those above it and COLORS' four (tests/test_figures_style.py checks both).
+# The last three (no XKCD colour was 30 apart from the others any more) the same way from the sRGB
+# grid of step 8.
 ZOO_PALETTE = ("#152eff", "#876e4b", "#ff08e8", "#ff0789", "#0f9b8e", "#c87606", "#a8415b",
-               "#0165fc", "#929901", "#a00498", "#947e94", "#2b5d34", "#c760ff")
+               "#0165fc", "#929901", "#a00498", "#947e94", "#2b5d34", "#c760ff",
+               "#903818", "#305860", "#e060b0")
 
 
 def _zoo_styles() -> None:

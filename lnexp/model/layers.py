@@ -19,13 +19,16 @@ from torch import Tensor, nn
 
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
 from lnexp.model.placement import ResidualGain, ResidualSpec, init_layer_, residual_step
-from lnexp.scheme import STRUCTURES, Norm
+from lnexp.scheme import MATRICES, STRUCTURES, Norm
 
 
 def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None:
     """For each sub-layer: its main norm (input or sum), its output norm and its gate, as its spec
     says; fairseq's own LayerNorm module is kept where it is the configured norm."""
     dim = layer.embed_dim
+    # ReZero's code (majumderb/rezero rztx.py RZTXEncoderLayer/RZTXDecoderLayer): one resweight per
+    # layer, read by each of its sub-layers
+    layer.layer_gate = nn.Parameter(torch.zeros(1)) if layer.spec.gate and layer.spec.shared_gate else None
     for name in names:
         spec = layer.spec_of(name.replace("_layer_norm", ""))
         if not spec.has_norm:
@@ -35,7 +38,7 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
         setattr(layer, name.replace("layer_norm", "out_norm"),
                 make_norm(norm, dim) if spec.output_norm else None)
         setattr(layer, name.replace("layer_norm", "gate"),
-                nn.Parameter(torch.zeros(1)) if spec.gate else None)
+                nn.Parameter(torch.zeros(1)) if spec.gate and not spec.shared_gate else None)
         setattr(layer, name.replace("layer_norm", "gain"),
                 ResidualGain(dim) if spec.residual_gain else None)
     ffn = layer.spec_of("final")
@@ -43,7 +46,7 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
 
 
 class _HeadNorm(nn.Module):
-    """A norm over each head's slice of a projection's output (QK-norm)."""
+    """A norm over each head's slice of a projection's output (QK-LayerNorm, HybridNorm's QKV)."""
 
     def __init__(self, norm: Norm, heads: int, head_dim: int) -> None:
         super().__init__()
@@ -56,6 +59,27 @@ class _HeadNorm(nn.Module):
 
     def hook(self, module: nn.Module, inputs, output: Tensor) -> Tensor:
         """A forward hook on the projection (a bound method, so a deep copy hooks its own copy)."""
+        return self(output)
+
+
+class _HeadL2(nn.Module):
+    """Henry et al. 2020's QKNorm of one projection: each head's slice divided by its L2 norm
+    (CyndxAI/QKNorm layers.py MultiheadAttention.forward: F.normalize, eps 1e-12). On the queries
+    it also carries the learned scale g (ScaleUp) that replaces 1/sqrt(d_h): fairseq multiplies q
+    by 1/sqrt(d_h) after this hook, so the queries leave it as g*sqrt(d_h)*q/|q|."""
+
+    def __init__(self, heads: int, head_dim: int, scale0: float | None) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.scale = nn.Parameter(torch.tensor([float(scale0)])) if scale0 is not None else None
+
+    def forward(self, y: Tensor) -> Tensor:
+        shape = y.shape
+        y = nn.functional.normalize(y.reshape(*shape[:-1], self.heads, self.head_dim), p=2.0,
+                                    dim=-1, eps=1e-12).reshape(shape)
+        return y if self.scale is None else y * (self.scale * self.head_dim ** 0.5)
+
+    def hook(self, module: nn.Module, inputs, output: Tensor) -> Tensor:
         return self(output)
 
 
@@ -90,8 +114,12 @@ def _install_attention_parts(attn: nn.Module, spec: ResidualSpec, norm: Norm) ->
     hooked = False
     for proj, on in (("q", spec.qk_norm), ("k", spec.qk_norm), ("v", spec.v_norm)):
         if on:
-            setattr(attn, f"{proj}_norm", _HeadNorm(norm, heads, head_dim))
-            getattr(attn, f"{proj}_proj").register_forward_hook(getattr(attn, f"{proj}_norm").hook)
+            if proj != "v" and spec.qk_norm_form == "l2":
+                part: nn.Module = _HeadL2(heads, head_dim, spec.qk_scale0 if proj == "q" else None)
+            else:
+                part = _HeadNorm(norm, heads, head_dim)
+            setattr(attn, f"{proj}_norm", part)
+            getattr(attn, f"{proj}_proj").register_forward_hook(part.hook)
             hooked = True
     if spec.inner_norm or spec.head_scale:
         attn.before_out_proj = _BeforeOutProj(norm if spec.inner_norm else None, heads, head_dim,
@@ -103,14 +131,19 @@ def _install_attention_parts(attn: nn.Module, spec: ResidualSpec, norm: Norm) ->
 
 
 def _set_up(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec,
-            ffn_spec: ResidualSpec | None, norm: Norm, attns: list[nn.Module]) -> None:
+            ffn_spec: ResidualSpec | None, norm: Norm, attns: dict[str, nn.Module],
+            cross_spec: ResidualSpec | None = None) -> None:
     layer.spec = spec
     layer.stream = {}  # what the structure carries between layers; the stack shares its own dict
     layer.ffn_spec = ffn_spec if ffn_spec != spec else None
+    layer.cross_spec = cross_spec if cross_spec != spec else None
     _install_norms(layer, names, norm)
-    init_layer_(spec, {"fc1": layer.fc1, "fc2": layer.fc2}, *attns)
-    for attn in attns:
-        _install_attention_parts(attn, spec, norm)
+    # the FFN's matrices first, then each attention's (DeepNet's redraws keep their order)
+    init_layer_(layer.spec_of("final"), {"fc1": layer.fc1, "fc2": layer.fc2})
+    for name, attn in attns.items():
+        init_layer_(layer.spec_of(name), {m: getattr(attn, m) for m in MATRICES if m not in ("fc1", "fc2")})
+    for name, attn in attns.items():
+        _install_attention_parts(attn, layer.spec_of(name), norm)
 
 
 class _Steps:
@@ -124,13 +157,18 @@ class _Steps:
         return self.fc2(h)
 
     def spec_of(self, name: str) -> ResidualSpec:
-        """The spec of sub-layer ``name`` (self_attn, encoder_attn: attention; final: the FFN)."""
-        return (self.ffn_spec or self.spec) if name == "final" else self.spec
+        """The spec of sub-layer ``name`` (self_attn: attention; encoder_attn: cross_attention;
+        final: the FFN)."""
+        if name == "final":
+            return self.ffn_spec or self.spec
+        return (getattr(self, "cross_spec", None) or self.spec) if name == "encoder_attn" else self.spec
 
     def _step(self, name: str, sublayer, x: Tensor, skip: Tensor | None) -> tuple[Tensor, Tensor]:
+        gate = getattr(self, f"{name}_gate")
         return residual_step(self.spec_of(name), x, sublayer, getattr(self, f"{name}_layer_norm"),
                              getattr(self, f"{name}_out_norm"), self.dropout_module,
-                             getattr(self, f"{name}_gate"), skip, getattr(self, f"{name}_gain"))
+                             self.layer_gate if gate is None else gate, skip,
+                             getattr(self, f"{name}_gain"))
 
 
 class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
@@ -142,7 +180,7 @@ class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
                  ffn_spec: ResidualSpec | None = None) -> None:
         super().__init__(cfg)
         norm = Norm(norm) if isinstance(norm, str) else norm
-        _set_up(self, self.NORMS, spec, ffn_spec, norm, [self.self_attn])
+        _set_up(self, self.NORMS, spec, ffn_spec, norm, {"self_attn": self.self_attn})
 
     def forward(self, x: Tensor, encoder_padding_mask: Tensor | None, attn_mask: Tensor | None = None):
         if attn_mask is not None:
@@ -166,15 +204,17 @@ class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
     NORMS = ("self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm")
 
     def __init__(self, cfg, spec: ResidualSpec, norm: Norm | str = "layernorm",
-                 no_encoder_attn: bool = False, ffn_spec: ResidualSpec | None = None) -> None:
+                 no_encoder_attn: bool = False, ffn_spec: ResidualSpec | None = None,
+                 cross_spec: ResidualSpec | None = None) -> None:
         super().__init__(cfg, no_encoder_attn)
         if self.cross_self_attention or self.c_attn is not None or self.attn_ln is not None \
                 or self.ffn_layernorm is not None or self.w_resid is not None:
             raise ValueError("ln_transformer does not support cross_self_attention/scale_* options")
         norm = Norm(norm) if isinstance(norm, str) else norm
         names = self.NORMS if self.encoder_attn is not None else self.NORMS[::2]
-        attns = [a for a in (self.self_attn, self.encoder_attn) if a is not None]
-        _set_up(self, names, spec, ffn_spec, norm, attns)
+        attns = {n: a for n, a in (("self_attn", self.self_attn), ("encoder_attn", self.encoder_attn))
+                 if a is not None}
+        _set_up(self, names, spec, ffn_spec, norm, attns, cross_spec)
         if self.encoder_attn is None:
             self.encoder_attn_out_norm = self.encoder_attn_gate = None
 

@@ -5,7 +5,8 @@ placement's YAML sets (configs/placement/*.yaml, read by lnexp.scheme.Placement)
 
     h = Norm_in(x) * s          if input_norm   (s = input_norm_scale: 1, or LayerNorm Scaling's 1/sqrt(l))
     y = Norm_out(F(h))          if output_norm
-    x <- a*w*x + dt*g*y [+ skip]  (a = residual_weight, w = Admin's per-dimension gain,
+    r = Norm_in(x) if norm_residual else x       (HybridNorm's FFN: the sum starts after the norm)
+    x <- a*w*r + dt*g*y [+ skip]  (a = residual_weight, w = Admin's per-dimension gain,
                                    g = ReZero's gate, skip = a structure's extra term)
     x <- Norm(x)                if sum_norm
 
@@ -19,6 +20,7 @@ placement's YAML sets (configs/placement/*.yaml, read by lnexp.scheme.Placement)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +31,7 @@ from lnexp.names import PLACEMENTS
 from lnexp.scheme import Placement, deepnorm_constants, evaluate
 
 __all__ = ["PLACEMENTS", "ResidualGain", "ResidualSpec", "deepnorm_constants", "init_layer_",
-           "residual_step"]
+           "plain_xavier_factor", "residual_step"]
 
 
 @dataclass(frozen=True)
@@ -44,16 +46,22 @@ class ResidualSpec:
     output_norm: bool = False
     sum_norm: bool = True
     inner_norm: bool = False
+    norm_residual: bool = False  # the residual is Norm_in(x), not x (HybridNorm's FFN)
     input_norm_scale: float = 1.0
     gate: bool = False  # ReZero's learnable branch scalar
+    shared_gate: bool = False  # one gate per layer for all its sub-layers (ReZero's code)
     residual_gain: bool = False  # Admin's learnable per-dimension weight on x
     qk_norm: bool = False
+    qk_norm_form: str = "layernorm"  # layernorm (per-head norm, 1/sqrt(d_h)) or l2 (Henry et al.)
+    qk_scale0: float = 9.954196310386875  # l2: the learned scale's initial value
     v_norm: bool = False
     head_scale: bool = False
     structure: str = "residual"
     init_draw: str = "fairseq"
     init_scaled: tuple[str, ...] = ()
     init_unit: tuple[str, ...] = ()
+    init_bias: bool = False  # the scaled matrices' biases get beta too
+    init_plain_xavier: tuple[str, ...] = ()  # fairseq's draw brought to plain Xavier-uniform first
 
     @property
     def norm_first(self) -> bool:
@@ -73,15 +81,21 @@ class ResidualSpec:
         n_stack = enc_layers if stack == "encoder" else dec_layers
         at = (stack, layer, enc_layers, dec_layers)
         init = placement.init
+        switches = placement.switches(layer, n_stack, sublayer)
+        scaled_init = switches.pop("scaled_init")  # False: the init's rule skips this sub-layer
         return cls(
             placement=placement.name, residual_scale=float(residual_scale),
             alpha=evaluate(placement.residual_weight, *at), beta=evaluate(init.gain, *at),
-            **placement.switches(layer, n_stack, sublayer),
+            **switches,
             input_norm_scale=evaluate(placement.input_norm_scale, *at),
-            gate=placement.branch_gate, residual_gain=placement.residual_gain,
-            qk_norm=placement.qk_norm, v_norm=placement.v_norm,
-            head_scale=placement.head_scale, structure=placement.structure,
-            init_draw=init.draw, init_scaled=tuple(init.scaled), init_unit=tuple(init.unit),
+            gate=placement.branch_gate, shared_gate=placement.shared_gate,
+            residual_gain=placement.residual_gain,
+            qk_norm=placement.qk_norm, qk_norm_form=placement.qk_norm_form,
+            qk_scale0=float(placement.qk_scale0), v_norm=placement.v_norm,
+            structure=placement.structure, init_draw=init.draw,
+            init_scaled=tuple(init.scaled) if scaled_init else (),
+            init_unit=tuple(init.unit) if scaled_init else (),
+            init_bias=init.bias, init_plain_xavier=tuple(init.plain_xavier) if scaled_init else (),
         )
 
 
@@ -114,9 +128,8 @@ def residual_step(
 
     Scalings equal to 1 are skipped so that Post-/Pre-LN run exactly fairseq's arithmetic.
     """
-    h = norm(x) if spec.input_norm else x
-    if spec.input_norm_scale != 1.0:
-        h = h * spec.input_norm_scale
+    normed = norm(x) if spec.input_norm else x
+    h = normed * spec.input_norm_scale if spec.input_norm_scale != 1.0 else normed
     y = sublayer(h)
     if out_norm is not None:
         y = out_norm(y)
@@ -125,31 +138,53 @@ def residual_step(
         y = y * spec.residual_scale
     if gate is not None:
         y = gate * y
-    residual = x * spec.alpha if spec.alpha != 1.0 else x
+    base = normed if spec.norm_residual else x
+    residual = base * spec.alpha if spec.alpha != 1.0 else base
     x = gain(residual, y) if gain is not None else residual + y
     if skip is not None:
         x = x + skip
     return (norm(x) if spec.sum_norm else x), y
 
 
-def init_layer_(spec: ResidualSpec, ffn: dict[str, nn.Linear], *attns: nn.Module) -> None:
-    """The placement's initialisation of one layer (its YAML's ``init``).
+FFN_MATRICES = ("fc1", "fc2")
+
+
+def plain_xavier_factor(name: str, lin: nn.Linear) -> float:
+    """What turns fairseq's draw of matrix ``name`` into a plain Xavier-uniform draw (gain 1), the
+    bound of both being uniform: q/k/v are drawn with gain 1/sqrt(2) (MultiheadAttention
+    .reset_parameters), out_proj with gain 1, fc1/fc2 by torch's nn.Linear default, bound
+    1/sqrt(fan_in)."""
+    fan_out, fan_in = lin.weight.shape
+    if name in FFN_MATRICES:
+        return math.sqrt(6.0 / (fan_in + fan_out)) * math.sqrt(fan_in)
+    return math.sqrt(2.0) if name in ("q_proj", "k_proj", "v_proj") else 1.0
+
+
+def init_layer_(spec: ResidualSpec, matrices: dict[str, nn.Linear]) -> None:
+    """The placement's initialisation of one sub-layer's matrices (its YAML's ``init``; a layer
+    calls it for its FFN, then for each attention, in that order).
 
     draw=xavier_normal (DeepNet): the ``scaled`` matrices are redrawn Xavier-normal with gain beta,
-    the ``unit`` ones with gain 1, in the order FFN (fc1, fc2), then per attention its scaled and
-    unit projections as listed. draw=fairseq (T-Fixup): fairseq's draws are kept and the ``scaled``
-    matrices multiplied by beta.
+    the ``unit`` ones with gain 1, in the order listed. draw=fairseq (T-Fixup, Sub-LN, B2T):
+    fairseq's draws are kept, those in ``plain_xavier`` first brought to a plain Xavier-uniform
+    draw (FFN biases 0), and the ``scaled`` matrices multiplied by beta (their biases too with
+    ``init.bias``).
     """
-    if not spec.init_scaled and not spec.init_unit:
+    if spec.init_draw == "xavier_normal":
+        for n in spec.init_scaled + spec.init_unit:
+            if n in matrices:
+                nn.init.xavier_normal_(matrices[n].weight,
+                                       gain=spec.beta if n in spec.init_scaled else 1.0)
         return
-    names = spec.init_scaled + spec.init_unit
-    matrices = [(ffn[n], n in spec.init_scaled) for n in names if n in ffn]
-    for attn in attns:
-        matrices += [(getattr(attn, n), n in spec.init_scaled) for n in names if n not in ffn]
-    for lin, scaled in matrices:
-        gain = spec.beta if scaled else 1.0
-        if spec.init_draw == "xavier_normal":
-            nn.init.xavier_normal_(lin.weight, gain=gain)
-        elif scaled:
-            with torch.no_grad():
-                lin.weight.mul_(gain)
+    with torch.no_grad():
+        for n in spec.init_plain_xavier:
+            if n in matrices:
+                lin = matrices[n]
+                lin.weight.mul_(plain_xavier_factor(n, lin))
+                if n in FFN_MATRICES and lin.bias is not None:
+                    lin.bias.zero_()
+        for n in spec.init_scaled:
+            if n in matrices:
+                matrices[n].weight.mul_(spec.beta)
+                if spec.init_bias and matrices[n].bias is not None:
+                    matrices[n].bias.mul_(spec.beta)

@@ -52,7 +52,7 @@ def _next_specs(stack_module, cfg: LNTransformerConfig, stack: str) -> dict[str,
     return {kind: ResidualSpec.for_layer(placement_of(cfg), cfg.residual_scale, stack,
                                          stack_module._layers_built, cfg.encoder.layers,
                                          cfg.decoder.layers, kind)
-            for kind in ("attention", "ffn")}
+            for kind in ("attention", "cross_attention", "ffn")}
 
 
 def _swap_stack_norms(module, cfg: LNTransformerConfig) -> None:
@@ -118,7 +118,8 @@ class LNDecoder(TransformerDecoderBase):
     def build_decoder_layer(self, cfg: LNTransformerConfig, no_encoder_attn: bool = False):
         specs = _next_specs(self, cfg, "decoder")
         return _share_stream(self, LNDecoderLayer(cfg, specs["attention"], norm_of(cfg),
-                                                  no_encoder_attn, ffn_spec=specs["ffn"]))
+                                                  no_encoder_attn, ffn_spec=specs["ffn"],
+                                                  cross_spec=specs["cross_attention"]))
 
     def extract_features_scriptable(self, *args, **kwargs):
         self.stream.clear()  # each forward (each step of incremental decoding) starts afresh
@@ -158,8 +159,9 @@ class LNTransformerModel(TransformerModel):
             args.share_decoder_input_output_embed = True
         cfg = LNTransformerConfig.from_namespace(args)
         model = TransformerModelBase.build_model.__func__(cls, cfg, task)
-        _scale_embeddings_(model, evaluate(placement.init.embed_gain, "decoder", 0,
-                                           cfg.encoder.layers, cfg.decoder.layers))
+        _scale_embeddings_(model, {stack: evaluate(placement.init.embed_gain, stack, 0,
+                                                   cfg.encoder.layers, cfg.decoder.layers)
+                                   for stack in ("encoder", "decoder")})
         return model
 
     @classmethod
@@ -171,14 +173,17 @@ class LNTransformerModel(TransformerModel):
         return LNDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
 
-def _scale_embeddings_(model, gain: float) -> None:
-    """The placement's embedding gain (T-Fixup), once per distinct embedding matrix."""
-    if gain == 1.0:
-        return
-    tables = {id(e.weight): e.weight for e in (model.encoder.embed_tokens, model.decoder.embed_tokens)}
+def _scale_embeddings_(model, gains: dict[str, float]) -> None:
+    """The placement's embedding gain (T-Fixup), once per distinct embedding matrix: the encoder's
+    table by the encoder's gain, the decoder's by the decoder's unless it is the encoder's (shared
+    embeddings: scaled once, as T-Fixup's TransformerDecoder skips a shared table)."""
     with torch.no_grad():
-        for weight in tables.values():
-            weight.mul_(gain)
+        enc = model.encoder.embed_tokens.weight
+        if gains["encoder"] != 1.0:
+            enc.mul_(gains["encoder"])
+        dec = model.decoder.embed_tokens.weight
+        if dec is not enc and gains["decoder"] != 1.0:
+            dec.mul_(gains["decoder"])
 
 
 def ln_base_architecture(args) -> None:
