@@ -57,7 +57,10 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 holds the run's lock
     with runlock.hold(run_dir) if rank0 else contextlib.nullcontext():
-        return distributed.launch(cfg, run_dir, train_process)
+        status = distributed.launch(cfg, run_dir, train_process)
+        if rank0:  # an earlier launch's traceback: this one resumed past it
+            run_paths(run_dir)["error_log"].unlink(missing_ok=True)
+        return status
 
 
 def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:

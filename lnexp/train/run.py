@@ -90,7 +90,8 @@ def _job(cfg: DictConfig) -> None:
         _record_failure("user", str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except (UserError, OSError) as e:
-        error = e if isinstance(e, UserError) else rundir.as_disk_error(e)
+        error = e if isinstance(e, UserError) else rundir.as_disk_error(
+            e, rundir.run_paths(run_dir)["status"])
         if error is None:
             _crashed(run_dir, e)
             return
@@ -115,18 +116,27 @@ def _crashed(run_dir: Path, e: Exception) -> None:
     print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {error_log})", file=sys.stderr)
 
 
+_KINDS_HERE: set[str] = set()  # the failures of this process's jobs, also where the file cannot grow
+
+
 def _record_failure(kind: str, message: str) -> None:
+    _KINDS_HERE.add(kind)
     path = Path(os.environ[FAILURES_ENV])  # set by main() before any job starts
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
+    except OSError:  # a full disk: the run's own error is what the user must see, not this one
+        pass
 
 
 def _failure_kinds(path: Path | None) -> set[str]:
     """Kinds of the runs that failed ("user", "crash"); removes the file."""
+    kinds = set(_KINDS_HERE)
+    _KINDS_HERE.clear()
     if path is None or not path.exists():
-        return set()
-    kinds = {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
+        return kinds
+    kinds |= {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
     path.unlink()
     return kinds
 
