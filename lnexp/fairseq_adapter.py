@@ -607,6 +607,14 @@ def load_for_inference(path: Path, data_dir: str | Path, dataset_impl: str | Non
     return models[0], task
 
 
+def max_source_tokens(task, model) -> int:
+    """The most source tokens (EOS included) the model reads: fairseq refuses a longer sentence."""
+    from fairseq import utils
+
+    limit = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    return int(limit[0] if isinstance(limit, tuple) else limit)
+
+
 def add_inference_split(task, name: str, lines: list[str]) -> None:
     """Register subword-encoded source ``lines`` as split ``name`` of ``task`` (no targets)."""
     tokens = [task.source_dictionary.encode_line(line, add_if_not_exist=False).long()
