@@ -40,6 +40,10 @@ def register_resolvers() -> None:
         from lnexp.run_names import run_name  # the run folder's name (lnexp/run_names.py)
 
         OmegaConf.register_new_resolver("run_name", run_name)
+    if not OmegaConf.has_resolver("lnexp_pid"):  # hydra.output_subdir: each process's own staging
+        import os
+
+        OmegaConf.register_new_resolver("lnexp_pid", os.getpid)
 
 
 def config_keys() -> set[str]:

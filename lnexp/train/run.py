@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -80,13 +81,17 @@ def _job(cfg: DictConfig) -> None:
     from lnexp.train.loop import train_run
     from lnexp.train.runlock import RunLocked
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    staged = run_dir / str(hc.output_subdir) if hc.output_subdir else None
     try:
-        status = train_run(cfg, run_dir)
+        with _file_log_paused(run_dir):
+            _refuse_foreign(run_dir, staged)
+            status = train_run(cfg, run_dir, on_start=lambda: _publish(staged, run_dir))
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this job
             print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
             _print_summary(run_dir)
-    except RunLocked as e:  # another process trains it: its files are not ours to touch
+    except (RunLocked, ForeignFolder) as e:  # another process's run, or no run: not ours to touch
         _record_failure("user", str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except (UserError, OSError) as e:
@@ -100,6 +105,85 @@ def _job(cfg: DictConfig) -> None:
         print(f"lnexp train: error: {error}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
         _crashed(run_dir, e)
+    finally:
+        if staged is not None:  # not moved to .hydra/: the launch did not train the run
+            shutil.rmtree(staged, ignore_errors=True)
+
+
+HYDRA_DIR = ".hydra"  # where the run's composed config stays (results and plot read it)
+
+
+def _publish(staged: Path | None, run_dir: Path) -> None:
+    """Hydra's files of this launch become the run's .hydra/ (each file replaced whole), and the
+    run's log file takes this launch's lines: the run is this launch's to train."""
+    if staged is not None and staged.is_dir():
+        final = run_dir / HYDRA_DIR
+        final.mkdir(exist_ok=True)
+        for f in staged.iterdir():
+            os.replace(f, final / f.name)
+        staged.rmdir()
+    _file_log_paused.resume()
+
+
+class _FileLog:
+    """Hydra's job log file (RUN/lnexp.log) left out while a launch checks whether the run is its
+    to train: a skipped or refused launch writes nothing into the run's folder."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[logging.Logger, logging.Handler]] = []
+
+    def __call__(self, run_dir: Path):
+        import contextlib
+
+        @contextlib.contextmanager
+        def paused():
+            where = str(run_dir.resolve())
+            for logger in (logging.getLogger(), *(logging.getLogger(n) for n in
+                                                  logging.root.manager.loggerDict)):
+                for h in list(getattr(logger, "handlers", [])):
+                    if isinstance(h, logging.FileHandler) and h.baseFilename.startswith(where):
+                        logger.removeHandler(h)
+                        self.held.append((logger, h))
+            try:
+                yield
+            finally:
+                self.resume()
+
+        return paused()
+
+    def resume(self) -> None:
+        for logger, h in self.held:
+            logger.addHandler(h)
+        self.held.clear()
+
+
+_file_log_paused = _FileLog()
+
+
+class ForeignFolder(UserError):
+    """The run's folder holds files of something else."""
+
+
+def _refuse_foreign(run_dir: Path, staged: Path | None) -> None:
+    """A folder that holds files but no run (a run folder given by hand, hydra.run.dir=~/notes) is
+    not lnexp's to write into: refused before anything of the run is written there."""
+    from lnexp import rundir
+
+    paths = rundir.run_paths(run_dir)
+    if rundir.is_run_dir(run_dir) or paths["run"].is_file():
+        return
+    ours = {staged.name if staged else None, "lnexp.log", rundir.LOCK}
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in ours) if run_dir.is_dir() else []
+    if not others:
+        return
+    log_file = run_dir / "lnexp.log"
+    if log_file.is_file() and log_file.stat().st_size == 0:  # Hydra's, opened for this launch
+        log_file.unlink()
+    if staged is not None:
+        shutil.rmtree(staged, ignore_errors=True)
+    raise ForeignFolder(f"{run_dir} holds files but no lnexp run ({', '.join(others[:3])}"
+                    f"{', ...' if len(others) > 3 else ''}): lnexp train writes only into its own "
+                    "run folders; choose another folder (runs_root=..., or an empty hydra.run.dir)")
 
 
 def _crashed(run_dir: Path, e: Exception) -> None:
