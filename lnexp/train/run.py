@@ -268,16 +268,29 @@ def _check_hydra_flags(argv: list[str]) -> None:
                           "use --cfg all --resolve, or --cfg hydra alone")
 
 
+PROBE_BYTES = 64 * 1024  # more than Hydra writes of a launch (its three config files) before the job
+
+
 def _check_writable(runs_root: Path) -> None:
-    """The runs root exists (made now) and takes new folders, before Hydra makes the run's."""
+    """The runs root exists (made now), takes new folders and has room for Hydra's files of the
+    launch, before Hydra makes the run's (its own error on a full disk is a chained traceback)."""
+    from lnexp import rundir
+
+    probe = runs_root / f".lnexp-write-test-{os.getpid()}"
     try:
         runs_root.mkdir(parents=True, exist_ok=True)
-        probe = runs_root / f".lnexp-write-test-{os.getpid()}"
         probe.mkdir()
         probe.rmdir()
     except OSError as e:
         raise ConfigError(f"runs_root={runs_root}: cannot make folders there ({e.strerror}): pass a "
                           "folder you can write, e.g. runs_root=runs") from None
+    try:
+        with open(probe, "wb", buffering=0) as f:
+            f.write(b"\0" * PROBE_BYTES)
+    except OSError as e:
+        raise (rundir.as_disk_error(e, probe) or e) from None
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def _interrupt(signum: int, frame: object) -> None:
