@@ -362,7 +362,7 @@ def test_a_skipped_refused_or_foreign_launch_changes_nothing_in_the_folder(input
     root, foreign = inputs["root"], inputs["bad"] / "foreign"
     before = _files(inputs["tmp"])
     proc = lnexp_main("train", f"runs_root={root}", "max_epoch=2", "eval.beam=3", cache=inputs["cache"])
-    assert "already done at epoch 2, skipping" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"{root / 'default'}: done after 2 epochs" in proc.stdout and "Traceback" not in proc.stderr
     assert _files(inputs["tmp"]) == before and not list(root.glob("*/.hydra-launch-*"))
     proc = lnexp_main("train", f"runs_root={root}", f"hydra.run.dir={foreign}", cache=inputs["cache"],
                       check=False)

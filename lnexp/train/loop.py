@@ -59,7 +59,7 @@ def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 holds the run's lock
     with runlock.hold(run_dir) if rank0 else contextlib.nullcontext():
-        if rank0 and on_start is not None:
+        if on_start is not None:  # every rank: each has its own Hydra files and log handler
             on_start()
         status = distributed.launch(cfg, run_dir, train_process)
         if rank0:  # an earlier launch's traceback: this one resumed past it

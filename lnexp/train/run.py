@@ -106,8 +106,16 @@ def _job(cfg: DictConfig) -> None:
     except Exception as e:  # one failed run must not stop a sweep
         _crashed(run_dir, e)
     finally:
-        if staged is not None:  # not moved to .hydra/: the launch did not train the run
+        if staged is not None and staged.is_dir():  # not moved to .hydra/: the launch did not train
             shutil.rmtree(staged, ignore_errors=True)
+            _drop_empty_log(run_dir)
+
+
+def _drop_empty_log(run_dir: Path) -> None:
+    """Hydra opens RUN/lnexp.log for every launch; one that did not train leaves it empty."""
+    log_file = run_dir / "lnexp.log"
+    if log_file.is_file() and log_file.stat().st_size == 0:
+        log_file.unlink()
 
 
 HYDRA_DIR = ".hydra"  # where the run's composed config stays (results and plot read it)
@@ -172,15 +180,12 @@ def _refuse_foreign(run_dir: Path, staged: Path | None) -> None:
     paths = rundir.run_paths(run_dir)
     if rundir.is_run_dir(run_dir) or paths["run"].is_file():
         return
-    ours = {staged.name if staged else None, "lnexp.log", rundir.LOCK}
-    others = sorted(p.name for p in run_dir.iterdir() if p.name not in ours) if run_dir.is_dir() else []
+    def ours(name: str) -> bool:  # what launches write first (another rank's staging too)
+        return name in ("lnexp.log", rundir.LOCK, HYDRA_DIR) or name.startswith(".hydra-launch-")
+
+    others = sorted(p.name for p in run_dir.iterdir() if not ours(p.name)) if run_dir.is_dir() else []
     if not others:
         return
-    log_file = run_dir / "lnexp.log"
-    if log_file.is_file() and log_file.stat().st_size == 0:  # Hydra's, opened for this launch
-        log_file.unlink()
-    if staged is not None:
-        shutil.rmtree(staged, ignore_errors=True)
     raise ForeignFolder(f"{run_dir} holds files but no lnexp run ({', '.join(others[:3])}"
                     f"{', ...' if len(others) > 3 else ''}): lnexp train writes only into its own "
                     "run folders; choose another folder (runs_root=..., or an empty hydra.run.dir)")
