@@ -491,3 +491,22 @@ def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_mu
     done = lnexp_main(*train, cache=cache)
     assert done.returncode == 0, done.stderr
     assert '"done"' in (run / "status.json").read_text() and not (run / "error.log").exists()
+
+
+def test_atlas_whose_runs_fail_to_start_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """Every `lnexp train` of the atlas exits 2 (as a bad override would in each cell): the atlas
+    says so in one line at the end and exits 2, not `done` with status 0."""
+    from lnexp.atlas import driver
+
+    launched = []
+
+    def failing(argv, check=False):
+        launched.append(argv)
+        return subprocess.CompletedProcess(argv, 2)
+
+    monkeypatch.setattr(driver.subprocess, "run", failing)
+    assert driver.main(["--runs-root", str(tmp_path / "runs"), "--budget-min", "1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert launched and err == [f"lnexp atlas: error: {len(launched)} runs ended with an error (exit "
+                                "status 2): their messages are above; fix, then run the same "
+                                "command again to resume"]
