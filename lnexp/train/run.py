@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import sys
 import traceback
@@ -78,6 +77,7 @@ def _job(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from lnexp import rundir
+    from lnexp.train import staging
     from lnexp.train.loop import train_run
     from lnexp.train.runlock import RunLocked
 
@@ -85,13 +85,13 @@ def _job(cfg: DictConfig) -> None:
     run_dir = Path(hc.runtime.output_dir)
     staged = run_dir / str(hc.output_subdir) if hc.output_subdir else None
     try:
-        with _file_log_paused(run_dir):
-            _refuse_foreign(run_dir, staged)
-            status = train_run(cfg, run_dir, on_start=lambda: _publish(staged, run_dir))
+        with staging.log_paused(run_dir):
+            staging.refuse_foreign(run_dir)
+            status = train_run(cfg, run_dir, on_start=lambda: staging.publish(staged, run_dir))
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this job
             print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
             _print_summary(run_dir)
-    except (RunLocked, ForeignFolder) as e:  # another process's run, or no run: not ours to touch
+    except (RunLocked, staging.ForeignFolder) as e:  # another process's run, or no run: not ours to touch
         _record_failure("user", str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except (UserError, OSError) as e:
@@ -106,89 +106,7 @@ def _job(cfg: DictConfig) -> None:
     except Exception as e:  # one failed run must not stop a sweep
         _crashed(run_dir, e)
     finally:
-        if staged is not None and staged.is_dir():  # not moved to .hydra/: the launch did not train
-            shutil.rmtree(staged, ignore_errors=True)
-            _drop_empty_log(run_dir)
-
-
-def _drop_empty_log(run_dir: Path) -> None:
-    """Hydra opens RUN/lnexp.log for every launch; one that did not train leaves it empty."""
-    log_file = run_dir / "lnexp.log"
-    if log_file.is_file() and log_file.stat().st_size == 0:
-        log_file.unlink()
-
-
-HYDRA_DIR = ".hydra"  # where the run's composed config stays (results and plot read it)
-
-
-def _publish(staged: Path | None, run_dir: Path) -> None:
-    """Hydra's files of this launch become the run's .hydra/ (each file replaced whole), and the
-    run's log file takes this launch's lines: the run is this launch's to train."""
-    if staged is not None and staged.is_dir():
-        final = run_dir / HYDRA_DIR
-        final.mkdir(exist_ok=True)
-        for f in staged.iterdir():
-            os.replace(f, final / f.name)
-        staged.rmdir()
-    _file_log_paused.resume()
-
-
-class _FileLog:
-    """Hydra's job log file (RUN/lnexp.log) left out while a launch checks whether the run is its
-    to train: a skipped or refused launch writes nothing into the run's folder."""
-
-    def __init__(self) -> None:
-        self.held: list[tuple[logging.Logger, logging.Handler]] = []
-
-    def __call__(self, run_dir: Path):
-        import contextlib
-
-        @contextlib.contextmanager
-        def paused():
-            where = str(run_dir.resolve())
-            for logger in (logging.getLogger(), *(logging.getLogger(n) for n in
-                                                  logging.root.manager.loggerDict)):
-                for h in list(getattr(logger, "handlers", [])):
-                    if isinstance(h, logging.FileHandler) and h.baseFilename.startswith(where):
-                        logger.removeHandler(h)
-                        self.held.append((logger, h))
-            try:
-                yield
-            finally:
-                self.resume()
-
-        return paused()
-
-    def resume(self) -> None:
-        for logger, h in self.held:
-            logger.addHandler(h)
-        self.held.clear()
-
-
-_file_log_paused = _FileLog()
-
-
-class ForeignFolder(UserError):
-    """The run's folder holds files of something else."""
-
-
-def _refuse_foreign(run_dir: Path, staged: Path | None) -> None:
-    """A folder that holds files but no run (a run folder given by hand, hydra.run.dir=~/notes) is
-    not lnexp's to write into: refused before anything of the run is written there."""
-    from lnexp import rundir
-
-    paths = rundir.run_paths(run_dir)
-    if rundir.is_run_dir(run_dir) or paths["run"].is_file():
-        return
-    def ours(name: str) -> bool:  # what launches write first (another rank's staging too)
-        return name in ("lnexp.log", rundir.LOCK, HYDRA_DIR) or name.startswith(".hydra-launch-")
-
-    others = sorted(p.name for p in run_dir.iterdir() if not ours(p.name)) if run_dir.is_dir() else []
-    if not others:
-        return
-    raise ForeignFolder(f"{run_dir} holds files but no lnexp run ({', '.join(others[:3])}"
-                    f"{', ...' if len(others) > 3 else ''}): lnexp train writes only into its own "
-                    "run folders; choose another folder (runs_root=..., or an empty hydra.run.dir)")
+        staging.undo(staged, run_dir)  # a launch that did not train the run leaves it as it was
 
 
 def _crashed(run_dir: Path, e: Exception) -> None:
