@@ -29,6 +29,10 @@ LENGTH_KEYS = ("max_epoch", "max_update")
 # The most layers a stack may have: DeepNet (Wang et al. 2022), the deepest of the study's schemes,
 # trained 1,000 layers in all; far more would fill the memory before the first update.
 MAX_LAYERS = 1000
+# The most updates a warm-up or a run may ask for: 100 times the longest Transformer runs published
+# (~1M updates); a larger number is a typo (warmup=1e12 would train at lr ~1e-15 throughout).
+MAX_UPDATES = 100_000_000
+MAX_EPOCHS = 100_000  # epochs of a run: as many again would be a typo (the paper trains 100)
 
 
 def config_keys() -> set[str]:
@@ -384,10 +388,10 @@ def _num(x: float) -> str:
 # config (optimizer.momentum under adam) is skipped.
 BOUNDS: dict[str, Bound] = {
     "lr": Bound(0, above=True, whole=False),
-    "warmup": Bound(0, unit="updates", note="warmup=0 for none"),
+    "warmup": Bound(0, MAX_UPDATES, unit="updates", note="warmup=0 for none"),
     "seed": Bound(0, 2**32 - 1),
-    "max_epoch": Bound(1),
-    "max_update": Bound(0, note="0 = no limit"),
+    "max_epoch": Bound(1, MAX_EPOCHS),
+    "max_update": Bound(0, MAX_UPDATES, note="0 = no limit"),
     "log_interval": Bound(1, unit="updates"),
     "residual_scale": Bound(0, above=True, note="1.0 = plain residual", whole=False),
     "threads": Bound(0, note="0 = torch's default"),
@@ -439,6 +443,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError (one line, naming the fix) for values no run can use."""
+    root = OmegaConf.select(cfg, "runs_root", default="runs")
+    if root is None or not str(root).strip():  # runs_root= would train into /NAME
+        raise ConfigError("runs_root is empty: give the folder that holds the runs, e.g. runs_root=runs")
     for key, bound in BOUNDS.items():
         value = OmegaConf.select(cfg, key, default=None)
         if value is None:

@@ -2,6 +2,7 @@
 
 import argparse
 import math
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -50,6 +51,18 @@ def finite(value: str) -> float:
     if not math.isfinite(x):
         raise argparse.ArgumentTypeError(f"must be a finite number, not {value}")
     return x
+
+
+def output_file(value: str, flag: str, example: str) -> Path:
+    """An output path from the command line, checked before anything is written: not empty (which
+    would be the current folder) and not an existing folder (written into, or beside, by mistake)."""
+    if not str(value).strip():
+        raise UserError(f"{flag} is empty: give a file name, e.g. {flag} {example}")
+    path = Path(value)
+    if path.is_dir():
+        raise UserError(f"{flag} {value} is a folder: give a file name, e.g. {flag} "
+                        f"{path / Path(example).name}")
+    return path
 
 
 def cannot_write(e: OSError, fix: str) -> UserError:

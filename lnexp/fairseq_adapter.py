@@ -512,12 +512,37 @@ def checkpoint_state(trainer, extra_state: dict[str, Any]) -> dict | None:
     return state
 
 
+class _WriteErrors:
+    """A file's ``write`` that keeps the OSError it raised: torch's zip writer turns a failed write
+    (a full disk) into its own RuntimeError (``unexpected pos ...``), losing the errno."""
+
+    def __init__(self, f) -> None:
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint_file(state: dict, path: Path) -> None:
-    """Write a checkpoint as fairseq writes it (``torch.save`` of the state)."""
+    """Write a checkpoint as fairseq writes it (``torch.save`` of the state); a write that fails
+    (a full disk, a quota) is its OSError, which lnexp.rundir reports in one line."""
     import torch
 
     with open(path, "wb") as f:
-        torch.save(state, f)
+        writer = _WriteErrors(f)
+        try:
+            torch.save(state, writer)
+        except RuntimeError:
+            if writer.error is not None:
+                raise writer.error from None
+            raise
 
 
 def load_checkpoint_state(path: Path) -> dict:
@@ -580,6 +605,14 @@ def load_for_inference(path: Path, data_dir: str | Path, dataset_impl: str | Non
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
         [str(path)], arg_overrides=overrides, state=state)
     return models[0], task
+
+
+def max_source_tokens(task, model) -> int:
+    """The most source tokens (EOS included) the model reads: fairseq refuses a longer sentence."""
+    from fairseq import utils
+
+    limit = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    return int(limit[0] if isinstance(limit, tuple) else limit)
 
 
 def add_inference_split(task, name: str, lines: list[str]) -> None:

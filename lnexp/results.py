@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import ArgumentParser, UserError, cannot_write
+from lnexp.errors import ArgumentParser, UserError, cannot_write, output_file
 from lnexp.rundir import CHECKPOINTS, STATUS, effective_status, read_json, read_metrics, run_paths
 
 COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
@@ -346,6 +346,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",
                     help="write CSV to PATH (or stdout with - or no value) instead of the table")
     args = ap.parse_args(argv)
+    if args.csv not in (None, "-"):
+        output_file(args.csv, "--csv", "runs.csv")
     filters = parse_filters(args.filters)
     if not args.runs_root.is_dir():
         raise UserError(f"no runs root {args.runs_root}: train first (lnexp train ...) or pass --runs-root")

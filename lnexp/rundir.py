@@ -141,11 +141,12 @@ def append_file(path: Path) -> Iterator[IO]:
         raise
 
 
-def as_disk_error(e: BaseException) -> DiskError | None:
+def as_disk_error(e: BaseException, where: Path | None = None) -> DiskError | None:
     """A DiskError for an OSError of a full disk or an unwritable folder raised anywhere (fairseq,
-    TensorBoard), naming the file if the error does; None for any other error."""
+    TensorBoard), naming the file if the error does, else ``where`` (a file of the run: the free
+    space is that of its file system); None for any other error."""
     if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
-        return disk_error(Path(e.filename or "the run folder"), e)
+        return disk_error(Path(e.filename or where or "the run folder"), e)
     return None
 
 

@@ -25,6 +25,7 @@ from tests.conftest import REPO, write_gz
 from tests.test_figures_fig2_fig4 import fake_run
 
 NOT_UTF8 = b"\xff\xfe bad utf8\n"
+LONG_LINE = b"Ein Hund .\n" + b"Ein Mann " * 2000 + b"\n"  # 4,000 pieces: over the 1,024 positions
 
 # (command line, what the one line must say[, bytes on stdin])
 CASES = [
@@ -74,6 +75,10 @@ CASES = [
     ("train eval.beem=3",
      "Could not override 'eval.beem': not a key of lnexp's training config (did you mean eval.beam?"),
     ("train ~eval.subset", "~eval.subset deletes a key lnexp reads: set a value instead, e.g. eval.subset=0"),
+    ("train runs_root=", "runs_root is empty: give the folder that holds the runs, e.g. runs_root=runs"),
+    ("train warmup=1000000000000", "warmup=1000000000000 must be a whole number of updates <= 100000000"),
+    ("train max_epoch=99999999999", "max_epoch=99999999999 must be a whole number <= 100000"),
+    ("train max_update=1e12", "max_update=1000000000000.0 must be a whole number <= 100000000"),
     ("train placement=post_ln placement=pre_ln",
      "placement is given twice (placement=post_ln and placement=pre_ln)"),
     # --- lnexp train: groups, sweeps, folders, Hydra's flags ---------------------------------
@@ -103,6 +108,8 @@ CASES = [
     ("results --runs-root {nowhere}", "no runs root"),
     ("results --runs-root {bad}/notes.txt", "no runs root"),
     ("results --runs-root {root} --csv /proc/x.csv", "cannot write /proc/x.csv"),
+    ("results --runs-root {root} --csv ''", "--csv is empty: give a file name, e.g. --csv runs.csv"),
+    ("results --runs-root {root} --csv {bad}", "is a folder: give a file name"),
     ("results --bogus", "unrecognized arguments: --bogus (lnexp results --help)"),
     # --- lnexp evaluate ----------------------------------------------------------------------
     ("evaluate {run} --batch-size 0", "argument --batch-size: must be at least 1, not 0"),
@@ -118,6 +125,9 @@ CASES = [
     ("evaluate {trained} --src {bad}/empty.de --ref {bad}/empty.en", "is empty"),
     ("evaluate {trained} --checkpoint newest", "is not best, last or avgN"),
     ("evaluate {trained} --name ../x --src {bad}/x.de --ref {bad}/x.en", "must be a plain name"),
+    ("evaluate {damaged}", "checkpoint_best.pt is damaged (not a complete checkpoint: File is not a zip "
+     "file): use another of the run's checkpoints (last: --checkpoint NAME, or RUN@NAME in lnexp compare)"),
+    ("evaluate {damaged} --checkpoint avg2", "checkpoint2.pt is damaged"),
     # --- lnexp compare -----------------------------------------------------------------------
     ("compare {trained}", "the following arguments are required: RUN_B[@CKPT]"),
     ("compare {trained} {nowhere}", "is not a run folder (no run.json)"),
@@ -126,10 +136,16 @@ CASES = [
     ("compare {trained}@avg9 {trained}", "needs 9 epoch checkpoints"),
     ("compare {trained} {trained} --ar-n abc", "argument --ar-n: not a whole number: 'abc'"),
     ("compare {trained} {trained} --split train", "argument --split: invalid choice: 'train'"),
+    ("compare {trained} {damaged}", "checkpoint_best.pt is damaged"),  # and A's eval files kept
+    ("compare {damaged} {trained}", "checkpoint_best.pt is damaged"),
     # --- lnexp translate ---------------------------------------------------------------------
     ("translate {trained}", "stdin line 1 is not UTF-8 text", NOT_UTF8),
     ("translate {trained} --batch-size -1", "argument --batch-size: must be at least 1"),
     ("translate {nowhere}", "no such folder"),
+    ("translate {damaged}", "checkpoint_best.pt is damaged", b"Ein Hund .\n"),
+    ("translate {trained}", "subword tokens, more than the 1024 the model reads: split it into "
+     "sentences, or pass --max-len 1024 to cut longer lines there", LONG_LINE),
+    ("translate {trained} --max-len 5000", "--max-len 5000 is more than the 1024 tokens", b""),
     ("translate {bad}/binary_run", "run.json is unreadable or incomplete"),
     # --- lnexp plot --------------------------------------------------------------------------
     ("plot {run} --out /proc/forbidden/x.png", "cannot write /proc/forbidden"),
@@ -138,6 +154,9 @@ CASES = [
     ("plot {run} --metric , --out {nowhere}/x", "--metric is empty"),
     ("plot {run} --x time --out {nowhere}/x", "argument --x: invalid choice: 'time'"),
     ("plot {run}", "the following arguments are required: --out"),
+    ("plot {run} --out {nowhere}/p.jpg", "lnexp plot writes FILE.png, FILE.pdf and FILE.csv, not .jpg"),
+    ("plot {run} --out ''", "--out is empty: give a file name"),
+    ("plot {run} --out {bad}", "is a folder: give a file name"),
     ("plot --runs-root {root} placment=pre_ln --out {nowhere}/x", "unknown filter key 'placment'"),
     # --- lnexp figure ------------------------------------------------------------------------
     ("figure nope", "unknown figure 'nope'"),
@@ -148,6 +167,17 @@ CASES = [
     ("figure fig3 --depths 6,abc", "--depths '6,abc': not a whole number: 'abc'"),
     ("figure theory --lemma-layers -1", "argument --lemma-layers: must be at least 1"),
     ("figure report --readme {bad}/x.en --out {nowhere}", "has no claims block"),
+    ("figure report --figures {nowhere} --out {nowhere}", "no checks files in"),
+    ("figure report --figures {bad}/empty --out {nowhere}", "no checks files in"),
+    # --- lnexp atlas: its options and the overrides of every cell, once, before any run ---------
+    ("atlas --budget-min -5 --runs-root {nowhere}", "--budget-min -5: give a positive number"),
+    ("atlas --budget-min 0 --runs-root {nowhere}", "--budget-min 0: give a positive number"),
+    ("atlas --shared-lr nan --runs-root {nowhere}", "--shared-lr nan: give a positive number"),
+    ("atlas --runs-root ''", "--runs-root is empty"),
+    ("atlas --runs-root {nowhere} placment=pre_ln", "did you mean placement?"),
+    ("atlas --runs-root {nowhere} placement=pre_ln", "lnexp atlas sets placement for each cell"),
+    ("atlas --runs-root {nowhere} warmup=1000000000000", "lnexp atlas sets warmup for each cell"),
+    ("atlas --runs-root {nowhere} max_epoch=0", "max_epoch=0 must be a whole number >= 1"),
     # --- lnexp prepare: malformed corpora, archives, folders ---------------------------------
     ("prepare multi30k --dir {small} --vocab-size 3 --cache {cache}", "pass --vocab-size"),
     ("prepare multi30k --vocab-size 0", "argument --vocab-size: must be at least 1, not 0"),
@@ -195,6 +225,8 @@ def inputs(tmp_path_factory, small_multi30k) -> dict[str, Path]:
     (bad / "empty_run" / "run.json").write_text("")
     (bad / "binary_run" / "run.json").write_bytes(bytes(range(256)))
     (bad / "notes.txt").write_text("a file, not a folder\n")
+    (bad / "foreign").mkdir()
+    (bad / "foreign" / "notes.txt").write_text("someone else's folder\n")
     (bad / "x.de").write_text("Ein Hund .\n")
     (bad / "x.en").write_text("A dog .\n")
     (bad / "latin1.de").write_bytes("Ein Hund läuft .\n".encode("latin-1"))
@@ -228,6 +260,20 @@ def inputs(tmp_path_factory, small_multi30k) -> dict[str, Path]:
             "small": small_multi30k, "cache": tmp_path_factory.mktemp("bad_inputs_cache")}
 
 
+@pytest.fixture(scope="module")
+def damaged_run(tiny_run, tmp_path_factory) -> Path:
+    """A copy of the trained run whose checkpoint_best.pt and newest epoch checkpoint were cut short
+    (a copy that stopped, a full disk)."""
+    import shutil
+
+    run = tmp_path_factory.mktemp("damaged") / tiny_run.name
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval"))
+    for name in ("checkpoint_best.pt", "checkpoint2.pt"):
+        path = run / "checkpoints" / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    return run
+
+
 @pytest.mark.parametrize("line,needle,stdin", [_case(*c) for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inputs, request,
                                                        capfd, monkeypatch):
@@ -235,9 +281,10 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
 
     fill = {k: str(v) for k, v in inputs.items()}
     kept = [inputs["tmp"]]  # every file under these stays as it was
-    if "{trained}" in line:
-        kept.append(request.getfixturevalue("tiny_run"))
-        fill["trained"] = str(kept[-1])
+    for key, fixture in (("trained", "tiny_run"), ("damaged", "damaged_run")):
+        if f"{{{key}}}" in line:
+            kept.append(request.getfixturevalue(fixture))
+            fill[key] = str(kept[-1])
     argv = [a.format(**fill) for a in shlex.split(line)]
     if argv[0] == "train" and not any(a.startswith("runs_root=") for a in argv):
         argv.append(f"runs_root={inputs['root']}")
@@ -289,3 +336,177 @@ def test_train_tab_completion_completes_commands_groups_and_options(capfd, monke
         monkeypatch.setenv("COMP_LINE", line)
         assert main(["-sc", "query=bash"]) == 0
         assert words in capfd.readouterr().out
+
+
+def _held_by_a_live_process(run_dir: Path) -> subprocess.Popen:
+    """A lock file naming a process that runs (as a launch that trains the run writes it)."""
+    import json
+    import socket
+    import time
+
+    from lnexp.rundir import LOCK, process_started
+
+    proc = subprocess.Popen(["sleep", "300"])
+    (run_dir / LOCK).write_text(json.dumps({"pid": proc.pid, "host": socket.gethostname(),
+                                            "started": process_started(proc.pid),
+                                            "since": time.time()}) + "\n")
+    return proc
+
+
+def test_a_skipped_refused_or_foreign_launch_changes_nothing_in_the_folder(inputs):
+    """`lnexp train` of a finished run (skipped), of a run another process trains (refused), and
+    into a folder of something else (hydra.run.dir=...): no .hydra/ rewritten with the new
+    command's values, no log, no status.json: nothing written."""
+    from tests.conftest import lnexp_main
+
+    root, foreign = inputs["root"], inputs["bad"] / "foreign"
+    before = _files(inputs["tmp"])
+    proc = lnexp_main("train", f"runs_root={root}", "max_epoch=2", "eval.beam=3", cache=inputs["cache"])
+    assert f"{root / 'default'}: done after 2 epochs" in proc.stdout and "Traceback" not in proc.stderr
+    assert _files(inputs["tmp"]) == before and not list(root.glob("*/.hydra-launch-*"))
+    proc = lnexp_main("train", f"runs_root={root}", f"hydra.run.dir={foreign}", cache=inputs["cache"],
+                      check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"{foreign} holds files but no lnexp run (notes.txt)" in lines[0]
+    assert _files(inputs["tmp"]) == before and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    holder = _held_by_a_live_process(root / "default")
+    try:
+        before = _files(inputs["tmp"])
+        proc = lnexp_main("train", f"runs_root={root}", "max_epoch=3", "eval.beam=3",
+                          cache=inputs["cache"], check=False)
+        assert proc.returncode == 2, proc.stderr
+        assert f"is already being trained by pid {holder.pid}" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert _files(inputs["tmp"]) == before and not list(root.glob("*/.hydra-launch-*"))
+    finally:
+        holder.kill()
+        holder.wait()
+        (root / "default" / ".lnexp-lock.json").unlink()
+
+
+def test_compare_of_identical_hypotheses_is_no_difference(tiny_run, damaged_run, capfd):
+    """A run against itself (its hypotheses decoded once) and against a copy of itself (the same
+    hypotheses in another file): p = 1 and "no difference", never sacreBLEU's smallest p, and no
+    sacreBLEU command (its paired tests refuse one file twice)."""
+    import json
+
+    from lnexp.cli import main
+
+    for b in (f"{tiny_run}@last", f"{damaged_run}@last"):
+        capfd.readouterr()
+        assert main(["compare", f"{tiny_run}@last", b, "--split", "valid", "--beam", "1", "--bs-n",
+                     "100", "--ar-n", "100", "--json"]) == 0
+        out = capfd.readouterr().out
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["identical"] and r["sacrebleu_commands"] == {}
+        assert {m[p] for m in r["metrics"].values() for p in ("p_bs", "p_ar")} == {1.0}
+        assert ("BLEU difference +0.00: no difference: the two systems' hypotheses are identical "
+                "(p = 1)") in out
+        assert "same numbers: sacrebleu" not in out and "significant" not in out
+
+
+def test_torchs_checkpoint_writer_on_a_full_disk_is_its_oserror(tmp_path):
+    """torch.save's zip writer turns a failed write into `unexpected pos ...`; the adapter gives the
+    OSError (ENOSPC) that lnexp.rundir reports in one line (/dev/full: every write fails so)."""
+    import errno
+
+    import torch
+
+    from lnexp import fairseq_adapter as fa
+
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system")
+    with pytest.raises(OSError) as e:
+        fa.save_checkpoint_file({"w": torch.zeros(100_000)}, Path("/dev/full"))
+    assert e.value.errno == errno.ENOSPC
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs mounted for the test (root only; skipped where mount is not permitted)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_multi30k, tmp_path):
+    """A run on a small file system: the save that does not fit (torch's writer), then a launch on
+    a disk entirely full (the lock file), each one line naming the file and the free space of the
+    run's file system, exit 2, no lock or temporary file left; with room again the same command
+    finishes the run and its error.log is gone."""
+    import shutil
+
+    from tests.conftest import TINY, lnexp_main
+
+    train = ["train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={small_disk}", "threads=1"]
+    cache = tmp_path / "cache"
+    first = lnexp_main(*[a for a in train if a != "max_epoch=2"], "max_epoch=1", cache=cache)
+    assert first.returncode == 0, first.stderr
+    (run,) = small_disk.iterdir()
+    ckpt = (run / "checkpoints" / "checkpoint_last.pt").stat().st_size
+    (run / "error.log").write_text("an earlier launch's traceback\n")
+
+    def remount(size: int) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(small_disk)], check=True)
+
+    def one_line(proc, needle: str) -> str:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+        assert needle in lines[0] and "Traceback" not in proc.stderr + proc.stdout, lines[0]
+        left = [p.name for p in run.rglob("*") if ".tmp" in p.name or p.name.startswith(".lnexp-lock")]
+        assert not left, left
+        return lines[0]
+
+    used = shutil.disk_usage(small_disk).used
+    remount(used + ckpt // 2)  # room for half of the next checkpoint: torch's writer stops short
+    line = one_line(lnexp_main(*train, cache=cache, check=False),
+                    f"cannot write {run}/checkpoints/checkpoint_last.pt: No space left on device (")
+    assert f"MB free on {run}/checkpoints): free some space" in line  # the run's file system
+    with open(small_disk / "filler", "wb", buffering=0) as f:  # the disk entirely full
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+        except OSError:
+            pass
+    before = _files(small_disk)
+    line = one_line(lnexp_main(*train, cache=cache, check=False), f"cannot write {small_disk}/.lnexp-")
+    assert f"No space left on device (0.0 MB free on {small_disk}): free some space" in line
+    assert _files(small_disk) == before  # checked before Hydra writes the launch's files
+    from lnexp.rundir import DiskError
+    from lnexp.runtime import runlock
+
+    with pytest.raises(DiskError, match=r"\.lnexp-lock\.json: No space left on device \(0\.0 MB free"):
+        runlock.acquire(run)  # a lock that cannot be written is not left empty
+    assert _files(small_disk) == before
+    (small_disk / "filler").unlink()
+    remount(used + 4 * ckpt)
+    done = lnexp_main(*train, cache=cache)
+    assert done.returncode == 0, done.stderr
+    assert '"done"' in (run / "status.json").read_text() and not (run / "error.log").exists()
+
+
+def test_atlas_whose_runs_fail_to_start_exits_non_zero(tmp_path, monkeypatch, capsys):
+    """Every `lnexp train` of the atlas exits 2 (as a bad override would in each cell): the atlas
+    says so in one line at the end and exits 2, not `done` with status 0."""
+    from lnexp.atlas import driver
+
+    launched = []
+
+    def failing(argv, check=False):
+        launched.append(argv)
+        return subprocess.CompletedProcess(argv, 2)
+
+    monkeypatch.setattr(driver.subprocess, "run", failing)
+    assert driver.main(["--runs-root", str(tmp_path / "runs"), "--budget-min", "1000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert launched and err == [f"lnexp atlas: error: {len(launched)} runs ended with an error (exit "
+                                "status 2): their messages are above; fix, then run the same "
+                                "command again to resume"]

@@ -18,7 +18,6 @@ every configs/placement/*.yaml with norm=layernorm (a copy of another's network 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -33,7 +32,7 @@ from lnexp.atlas import claims as C
 from lnexp.atlas.grid import Grid, experiment_name, read_grid
 from lnexp.atlas.outcomes import Arm, Cells, Scheme, cells, outcome
 from lnexp.atlas.plan import Job, Seen, allocate, fits, next_cells
-from lnexp.errors import UserError
+from lnexp.errors import ArgumentParser, UserError
 
 DYT_PLACEMENTS = ("pre_ln", "post_ln")  # norm=dyt cells: DyT against LayerNorm in the same placement
 # Seconds per run, two jobs of one thread each on 2 idle cores, before any run of this atlas has
@@ -181,10 +180,14 @@ def _write(path: Path, doc: dict) -> None:
 Launch = Callable[[list[str]], float]  # overrides -> seconds the run took
 
 
-def launch_subprocess(extra: list[str]) -> Launch:
+def launch_subprocess(extra: list[str], failed: list[int] | None = None) -> Launch:
+    """``failed`` collects the exit status of each run that did not end well (main's exit status)."""
+
     def launch(ovr: list[str]) -> float:
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "lnexp", "train", *ovr, *extra], check=False)
+        rc = subprocess.run([sys.executable, "-m", "lnexp", "train", *ovr, *extra], check=False).returncode
+        if rc != 0 and failed is not None:
+            failed.append(rc)
         return time.monotonic() - t0
 
     return launch
@@ -344,7 +347,7 @@ def full_grid_commands(scale: str, grid: Grid) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(
+    ap = ArgumentParser(
         prog="lnexp atlas",
         description="the zoo atlas: every scheme x lr x warm-up x depth, cells chosen in rounds within a "
         "time budget (coverage of every scheme, then the claims' runs to the claim cheapest to decide, then "
@@ -361,7 +364,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--jobs", type=int, default=2, help="runs at once (default 2: two 1-thread jobs on 2 cores)"
     )
-    ap.add_argument("--runs-root", type=Path, default=Path("runs"))
+    ap.add_argument("--runs-root", default="runs")
     ap.add_argument(
         "--shared-lr",
         type=float,
@@ -378,8 +381,15 @@ def main(argv: list[str]) -> int:
         "hydra/launcher=basic is not needed; max_update=20 for a smoke test)",
     )
     args = ap.parse_args(argv)
+    # checked once before any run: a mistake is one line, not one per cell
+    for flag, value, eg in (("--budget-min", args.budget_min, 100), ("--shared-lr", args.shared_lr, 1e-3)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UserError(f"{flag} {value:g}: give a positive number, e.g. {flag} {eg:g}")
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: give 1 or more")
+    if not args.runs_root.strip():
+        raise UserError("--runs-root is empty: give the folder that holds the runs, e.g. --runs-root runs")
+    args.runs_root = Path(args.runs_root)
     grid = read_grid(args.scale, args.shared_lr)
     if args.full:
         print("\n".join(full_grid_commands(args.scale, grid)))
@@ -388,5 +398,21 @@ def main(argv: list[str]) -> int:
         args.budget_min if args.budget_min is not None else (MINI_BUDGET_MIN if args.scale == "mini" else 1e9)
     ) * 60
     extra = [f"runs_root={args.runs_root}", *args.overrides]
-    run_atlas(args.runs_root, args.scale, budget, args.jobs, launch_subprocess(extra), grid)
+    from lnexp.train.run import check_overrides
+
+    jobs = coverage(grid, schemes())
+    sample = overrides(jobs[0], grid, args.scale) if jobs else [f"experiment={experiment_name(args.scale)}"]
+    own = {o.split("=", 1)[0] for o in sample} | {"residual_scale"}  # dt is a grid axis too
+    for o in args.overrides:
+        if o.lstrip("+~").split("=", 1)[0] in own:
+            raise UserError(f"{o}: lnexp atlas sets {o.lstrip('+~').split('=', 1)[0]} for each cell "
+                            f"(configs/experiment/{experiment_name(args.scale)}.yaml's grid): drop it")
+    check_overrides([*sample, *extra])
+    failed: list[int] = []
+    run_atlas(args.runs_root, args.scale, budget, args.jobs, launch_subprocess(extra, failed), grid)
+    if failed:
+        print(f"lnexp atlas: error: {len(failed)} runs ended with an error (exit status "
+              f"{', '.join(map(str, sorted(set(failed))))}): their messages are above; fix, then run "
+              "the same command again to resume", file=sys.stderr)
+        return 2 if 2 in failed else 1
     return 0

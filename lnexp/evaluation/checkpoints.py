@@ -3,6 +3,10 @@
 ``avgN`` averages the last N epoch checkpoints (``checkpoint.keep_last_epochs``) with fairseq's
 ``average_checkpoints`` semantics, and writes the average (model only, no optimizer state) to
 ``RUN/eval/checkpoint_avgN.pt`` so that the printed fairseq command can load it.
+
+Every command that decodes (evaluate, translate, compare) resolves its checkpoints here, so a
+damaged file (a copy cut short, a full disk) is found by its zip directory and CRCs before anything
+is decoded or written, and named in one line with the run's checkpoints that are whole.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 from lnexp import fairseq_adapter as fa
 from lnexp.errors import UserError
 from lnexp.results import EVAL_DIR
-from lnexp.rundir import CHECKPOINTS, checkpoint_name, epoch_checkpoints, write_with
+from lnexp.rundir import CHECKPOINTS, checkpoint_damage, checkpoint_name, epoch_checkpoints, write_with
 
 AVG = re.compile(r"avg(\d+)")
 
@@ -36,6 +40,7 @@ def resolve(run_dir: Path, spec: str) -> Checkpoint:
             hint = (f"; try --checkpoint {other}" if (ckpt_dir / checkpoint_name(other)).is_file()
                     else ": train the run first (lnexp train ...)")
             raise UserError(f"{run_dir} has no {path.name}{hint}")
+        _check_whole(run_dir, spec, [path])
         return Checkpoint(spec, path)
     m = AVG.fullmatch(spec)
     if not m or int(m.group(1)) < 1:
@@ -47,7 +52,34 @@ def resolve(run_dir: Path, spec: str) -> Checkpoint:
         raise UserError(f"--checkpoint avg{n} needs {n} epoch checkpoints but {ckpt_dir} has "
                         f"{len(found)}: use {instead}, or train with checkpoint.keep_last_epochs={n}")
     newest = [p for _, p in reversed(found)][:n]
+    _check_whole(run_dir, spec, newest)
     return Checkpoint(spec, run_dir / EVAL_DIR / checkpoint_name(spec), newest)
+
+
+def whole_choices(run_dir: Path) -> list[str]:
+    """The --checkpoint values whose files are all whole: best, last, avgN (N up to the run's whole
+    epoch checkpoints, newest first)."""
+    ckpt_dir = run_dir / CHECKPOINTS
+    out = [label for label in ("best", "last") if (ckpt_dir / checkpoint_name(label)).is_file()
+           and checkpoint_damage(ckpt_dir / checkpoint_name(label)) is None]
+    n = 0
+    for _, path in reversed(epoch_checkpoints(ckpt_dir)):
+        if checkpoint_damage(path) is not None:
+            break
+        n += 1
+    return out + ([f"avg{n}" if n == 1 else f"avg1 to avg{n}"] if n else [])
+
+
+def _check_whole(run_dir: Path, spec: str, paths: list[Path]) -> None:
+    for path in paths:
+        damage = checkpoint_damage(path)
+        if damage is None:
+            continue
+        others = [c for c in whole_choices(run_dir) if c != spec]
+        fix = (f"use another of the run's checkpoints ({', '.join(others)}: --checkpoint NAME, or "
+               "RUN@NAME in lnexp compare)" if others else
+               "the run has no whole checkpoint: train it again (delete its checkpoints folder)")
+        raise UserError(f"{path} is damaged ({damage}): {fix}")
 
 
 def load(ckpt: Checkpoint, data_dir: str | Path, device: str, dataset_impl: str | None = None):
@@ -64,7 +96,5 @@ def load(ckpt: Checkpoint, data_dir: str | Path, device: str, dataset_impl: str 
 
 
 def _save(state: dict, path: Path) -> None:
-    import torch
-
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_with(path, lambda tmp: torch.save(state, tmp))
+    write_with(path, lambda tmp: fa.save_checkpoint_file(state, tmp))

@@ -8,6 +8,11 @@ under RUN/eval/), then sacreBLEU's own paired tests compare B against the baseli
 chrF: paired bootstrap resampling (Koehn 2004; sacreBLEU's 1,000 resamples and 95% intervals) and
 approximate randomisation (Riezler and Maxwell 2005; 10,000 trials). The printed ``sacrebleu``
 command gives the same numbers from the written files. ``RUN@last`` picks a checkpoint per run.
+
+Identical hypotheses (a run against itself, a copied file) are no difference, p = 1: sacreBLEU's
+p-value counts only resamples that beat the observed difference strictly (multeval's convention),
+so for two identical systems it gives its smallest value, 1/(n+1), which would read as
+significant; and its command line refuses one file given twice. Neither is printed then.
 """
 
 from __future__ import annotations
@@ -99,7 +104,9 @@ def sacrebleu_command(refs: str, hyps_a: str, hyps_b: str, test: str, n: int) ->
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     sides = [checked(spec, args.checkpoint) for spec in (args.run_a, args.run_b)]
-    a, b = (decode(run, ckpt, args) for run, ckpt in sides)
+    a = decode(*sides[0], args)
+    same = sides[0][1] == sides[1][1] and sides[0][0].dir.resolve() == sides[1][0].dir.resolve()
+    b = a if same else decode(*sides[1], args)  # a run against itself: decoded once
     refs = read_lines(a["refs"])
     if read_lines(b["refs"]) != refs:
         raise UserError(f"{a['run']} and {b['run']} were scored against different references "
@@ -110,11 +117,16 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                         "evaluate both runs again (lnexp evaluate RUN)")
     n = {"bs": args.bs_n, "ar": args.ar_n}
     result = paired_tests(hyps_a, hyps_b, refs, (a["hyps"], b["hyps"]), n)
+    identical = hyps_a == hyps_b
+    if identical:  # no resample can tell two identical systems apart (see the module's note)
+        for row in result["metrics"].values():
+            row.update(p_bs=1.0, p_ar=1.0)
     side = ("run", "checkpoint", "beam", "lenpen", "hyps", "bleu", "chrf", "signature")
+    commands = {} if identical else {
+        t: sacrebleu_command(a["refs"], a["hyps"], b["hyps"], t, n[t]) for t in TESTS}
     return {"a": {k: a[k] for k in side}, "b": {k: b[k] for k in side}, "set": a["set"],
-            "n": len(refs), "refs": a["refs"], "n_samples": n, **result,
-            "sacrebleu_commands": {t: sacrebleu_command(a["refs"], a["hyps"], b["hyps"], t, n[t])
-                                   for t in TESTS}}
+            "n": len(refs), "refs": a["refs"], "n_samples": n, "identical": identical, **result,
+            "sacrebleu_commands": commands}
 
 
 def report(r: dict[str, Any]) -> str:
@@ -129,12 +141,15 @@ def report(r: dict[str, Any]) -> str:
                      f"{m['p_bs']:13.4f}  {m['p_ar']:17.4f}")
     for metric, m in r["metrics"].items():
         real = m["p_bs"] < ALPHA and m["p_ar"] < ALPHA
-        lines.append(f"  {metric} difference {m['diff']:+.2f}: "
-                     + (f"significant at p < {ALPHA} by both tests" if real else
-                        f"not significant at p < {ALPHA} by both tests"))
+        lines.append(f"  {metric} difference {m['diff']:+.2f}: " + (
+            "no difference: the two systems' hypotheses are identical (p = 1)" if r["identical"]
+            else f"significant at p < {ALPHA} by both tests" if real
+            else f"not significant at p < {ALPHA} by both tests"))
     for test, sigs in r["signatures"].items():
         lines.append(f"  {TESTS[test]}: " + "; ".join(f"{k} {v}" for k, v in sigs.items()))
     lines += [f"  same numbers: {cmd}" for cmd in r["sacrebleu_commands"].values()]
+    if r["identical"]:
+        lines.append("  (no sacrebleu command: its paired tests need two different systems)")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from lnexp.errors import UserError
+from lnexp.errors import UserError, at_least
 from lnexp.evaluation.evaluate import decoding, parser, quiet
 from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
 
@@ -22,7 +22,7 @@ class Translator:
     """A run's model with its input and output processing, for sentences in memory."""
 
     def __init__(self, run: RunInfo, checkpoint: str, beam: int, lenpen: float, batch: int,
-                 device: str) -> None:
+                 device: str, max_len: int | None = None) -> None:
         from lnexp.evaluation import checkpoints
         from lnexp.evaluation.inputs import encoder
         from lnexp.train.validation import detokenizer
@@ -32,23 +32,46 @@ class Translator:
                                                  run.data.bin_dir, device)
         self.encode, self.decode = encoder(run.data), run.data.decoder()
         self.detok = detokenizer(run.data)
+        from lnexp import fairseq_adapter as fa
+
+        self.limit = fa.max_source_tokens(self.task, self.model)
+        if max_len is not None and max_len > self.limit:
+            raise UserError(f"--max-len {max_len} is more than the {self.limit} tokens the model "
+                            f"reads: pass --max-len {self.limit} or less")
+        self.max_len, self.seen = max_len, 0  # seen: lines read so far (for the line numbers)
 
     def __call__(self, lines: list[str]) -> list[str]:
         from lnexp import fairseq_adapter as fa
         from lnexp.evaluation.inputs import text_level
         from lnexp.train.validation import generate
 
+        first, self.seen = self.seen + 1, self.seen + len(lines)
         keep = [i for i, x in enumerate(lines) if x.strip()]
         if not keep:
             return ["" for _ in lines]
         text = text_level(self.run, [lines[i] for i in keep], self.run.data.src)
-        fa.add_inference_split(self.task, "input", [self.encode(x) for x in text])
+        pieces = [self.fit(self.encode(x), first + i) for i, x in zip(keep, text, strict=True)]
+        fa.add_inference_split(self.task, "input", pieces)
         hyps = generate(self.task, self.model, "input", self.device, self.beam, self.lenpen,
                         self.batch, self.decode, range(len(keep)))
         out = ["" for _ in lines]
         for i, h in zip(keep, hyps, strict=True):
             out[i] = self.detok(h)
         return out
+
+
+    def fit(self, pieces: str, line: int) -> str:
+        """A line's subword pieces within what the model reads (its EOS counted): cut to --max-len,
+        else one line naming it (fairseq would stop at the sentence with a traceback)."""
+        tokens = pieces.split()
+        limit = self.max_len or self.limit
+        if len(tokens) + 1 <= limit:
+            return pieces
+        if self.max_len is None:
+            raise UserError(f"input line {line} is {len(tokens) + 1} subword tokens, more than the "
+                            f"{self.limit} the model reads: split it into sentences, or pass "
+                            f"--max-len {self.limit} to cut longer lines there")
+        return " ".join(tokens[:limit - 1])
 
 
 def _lines(stream) -> Iterator[str]:
@@ -79,6 +102,9 @@ def _chunks(stream, size: int) -> Iterator[list[str]]:
 def main(argv: list[str]) -> int:
     ap = parser("lnexp translate", __doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run folder that lnexp train wrote")
+    ap.add_argument("--max-len", type=at_least(2), default=None,
+                    help="cut input lines to this many subword tokens (default: a longer line than "
+                         "the model reads is an error)")
     args = ap.parse_args(argv)
     dirs = run_folders([args.run])
     if len(dirs) != 1:
@@ -86,7 +112,7 @@ def main(argv: list[str]) -> int:
     quiet()
     run = open_run(dirs[0])
     beam, lenpen, batch, device = decoding(run, args)
-    translate = Translator(run, args.checkpoint, beam, lenpen, batch, device)
+    translate = Translator(run, args.checkpoint, beam, lenpen, batch, device, args.max_len)
     if sys.stdin.isatty():
         src = run.data.src
         print(f"{run.dir.name}: {src}->{run.data.tgt}, checkpoint {args.checkpoint}, beam {beam}; "
@@ -98,7 +124,10 @@ def main(argv: list[str]) -> int:
             except EOFError:
                 print(file=sys.stderr)
                 return 0
-            print(translate([line])[0], flush=True)
+            try:
+                print(translate([line])[0], flush=True)
+            except UserError as e:  # one sentence too long: say so, take the next
+                print(f"lnexp translate: error: {e}", file=sys.stderr, flush=True)
     for chunk in _chunks(sys.stdin, batch):
         sys.stdout.write("".join(h + "\n" for h in translate(chunk)))
         sys.stdout.flush()

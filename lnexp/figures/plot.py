@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import ArgumentParser, UserError
+from lnexp.errors import ArgumentParser, UserError, output_file
 from lnexp.results import Run, collect_runs, dotted_keys, parse_filters
 from lnexp.rundir import is_run_dir
 
@@ -29,6 +29,9 @@ X_KEYS = {"epoch": ("epoch", "epoch"), "updates": ("updates", "updates"),
 NOISE = ("runs_root", "threads", "device", "dataset.dir", "eval.max_sentences", "track_norms",
          "track_every", "checkpoint", "scale.keep_last_epochs", "save_interval_updates", "hydra")
 UNFINISHED = ("failed", "running", "interrupted", "pending")
+OUT_SUFFIXES = (".png", ".pdf", ".csv")  # --out FILE.png: FILE (a name's other dots are kept: lr=0.001)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".svg", ".svgz", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif",
+                  ".bmp", ".pgf", ".raw", ".rgba", ".html")  # formats that --out would not write
 PER_UPDATE = ("loss", "nll_loss", "gnorm", "lr")  # updates.csv columns, plotted with --x updates
 
 
@@ -203,10 +206,10 @@ def draw(runs: list[Run], metrics: list[str], x: str, out: Path, seeds: str = "b
     fig.tight_layout()
     note = "x: diverged; dashed: did not finish" if any(
         r.diverged or r.state in UNFINISHED for r in runs) else None
-    paths = style.save(fig, out.parent, out.stem, note)
-    write_csv(out.with_suffix(".csv"), ("run", "label", "status", "metric", "x", "y", "n", "low", "high"),
-              points)
-    return [*paths, out.with_suffix(".csv")]
+    paths = style.save(fig, out.parent, out.name, note)
+    table = out.with_name(out.name + ".csv")
+    write_csv(table, ("run", "label", "status", "metric", "x", "y", "n", "low", "high"), points)
+    return [*paths, table]
 
 
 def main(argv: list[str]) -> int:
@@ -220,8 +223,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", default="band", choices=("band", "each"),
                     help="runs that differ only by seed: one mean line with its 95%% band (default), "
                          "or each run")
-    ap.add_argument("--out", required=True, type=Path, help="FILE: writes FILE.png, FILE.pdf, FILE.csv")
+    ap.add_argument("--out", required=True, help="FILE: writes FILE.png, FILE.pdf, FILE.csv")
     args = ap.parse_args(argv)
+    out = output_file(args.out, "--out", "curves")  # checked before any run is read
+    if out.suffix.lower() in IMAGE_SUFFIXES:
+        raise UserError(f"--out {args.out}: lnexp plot writes FILE.png, FILE.pdf and FILE.csv, not "
+                        f"{out.suffix}: pass --out {out.with_suffix('')} (convert the PNG for other "
+                        "formats)")
+    if out.suffix in OUT_SUFFIXES:
+        out = out.with_suffix("")
     # run folders are named by their overrides (``lr=1e-3,warmup=0``): a folder is never a filter
     is_path = {a: Path(a).is_dir() or "=" not in a for a in args.items}
     filters = parse_filters([a for a in args.items if not is_path[a]])
@@ -243,7 +253,6 @@ def main(argv: list[str]) -> int:
         if m not in known:
             raise UserError(f"no run logged {m!r}: use fields of metrics.jsonl, e.g. "
                             f"{', '.join(sorted(k for k in known if k.startswith('valid_')))}")
-    out = args.out.with_suffix("") if args.out.suffix in (".png", ".pdf") else args.out
     for p in draw(runs, metrics, args.x, out, args.seeds):
         print(p)
     return 0

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import ArgumentParser
+from lnexp.errors import ArgumentParser, UserError
 from lnexp.figures import registry
 from lnexp.figures.checks import Check, all_required_hold, read_checks, thresholded
 from lnexp.names import SCALES, describe_arch
@@ -314,8 +314,6 @@ def claims_table(figures: Path, scale: str, old_block: str = "") -> str:
 def claims_block(path: Path) -> tuple[str, int, int]:
     """``path``'s text and where its claims block starts and ends; a file without one is a
     UserError (checked before the report is written)."""
-    from lnexp.errors import UserError
-
     text = path.read_text() if path.is_file() else ""
     start, end = text.find(README_BEGIN), text.find(README_END)
     if start < 0 or end < start:
@@ -347,6 +345,9 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.readme is not None:
         claims_block(args.readme)
+    if not (args.figures.is_dir() and any(args.figures.glob("*_checks.json"))):
+        raise UserError(f"no checks files in {args.figures} (*_checks.json): make the figures first "
+                        "(make figures, or lnexp figure NAME), or pass --figures the folder they went to")
     args.out.mkdir(parents=True, exist_ok=True)
     text = build(args.figures, args.out, args.scale, args.runs_root)
     path = args.out / "README.md"

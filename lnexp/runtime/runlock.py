@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.errors import UserError
-from lnexp.rundir import effective_status, process_started, read_json, run_paths, same_process
+from lnexp.rundir import as_disk_error, effective_status, process_started, read_json, run_paths, same_process
 
 log = logging.getLogger("lnexp.train")
 STARTUP_GRACE_S = 120.0  # on another host, a lock younger than this is live even without a heartbeat
@@ -85,8 +85,15 @@ def acquire(run_dir: Path) -> Path:
             except FileNotFoundError:
                 pass
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(_me()) + "\n")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(_me()) + "\n")
+        except OSError as e:  # a full disk: an empty lock would name no holder to the next launch
+            path.unlink(missing_ok=True)
+            error = as_disk_error(e, path)
+            if error is None:
+                raise
+            raise error from None
         return path
     raise RunLocked(f"{run_dir}: could not take its lock {path}: delete that file if no lnexp "
                     "process trains the run, then run the same command again")

@@ -47,8 +47,10 @@ def finished(run_dir: Path, max_epoch: int, max_update: int = 0) -> dict | None:
     return None
 
 
-def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train (or resume) the run in ``run_dir``; returns its final status."""
+def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
+    """Train (or resume) the run in ``run_dir``; returns its final status. ``on_start()`` runs once
+    the run is this launch's to train (not finished, its lock taken): lnexp train writes the run's
+    .hydra/ then, so that a skipped or refused launch changes nothing in the folder."""
     from lnexp.train import distributed
 
     done = finished(run_dir, int(cfg.max_epoch), int(cfg.max_update))
@@ -58,7 +60,12 @@ def train_run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 holds the run's lock
     with runlock.hold(run_dir) if rank0 else contextlib.nullcontext():
-        return distributed.launch(cfg, run_dir, train_process)
+        if on_start is not None:  # every rank: each has its own Hydra files and log handler
+            on_start()
+        status = distributed.launch(cfg, run_dir, train_process)
+        if rank0:  # an earlier launch's traceback: this one resumed past it
+            run_paths(run_dir)["error_log"].unlink(missing_ok=True)
+        return status
 
 
 def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:

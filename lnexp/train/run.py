@@ -78,19 +78,25 @@ def _job(cfg: DictConfig) -> None:
 
     from lnexp import rundir
     from lnexp.runtime.runlock import RunLocked
+    from lnexp.train import staging
     from lnexp.train.loop import train_run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    staged = run_dir / str(hc.output_subdir) if hc.output_subdir else None
     try:
-        status = train_run(cfg, run_dir)
+        with staging.log_paused(run_dir):
+            staging.refuse_foreign(run_dir)
+            status = train_run(cfg, run_dir, on_start=lambda: staging.publish(staged, run_dir))
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this job
             print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
             _print_summary(run_dir)
-    except RunLocked as e:  # another process trains it: its files are not ours to touch
+    except (RunLocked, staging.ForeignFolder) as e:  # another process's run, or no run: not ours to touch
         _record_failure("user", str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except (UserError, OSError) as e:
-        error = e if isinstance(e, UserError) else rundir.as_disk_error(e)
+        error = e if isinstance(e, UserError) else rundir.as_disk_error(
+            e, rundir.run_paths(run_dir)["status"])
         if error is None:
             _crashed(run_dir, e)
             return
@@ -99,6 +105,8 @@ def _job(cfg: DictConfig) -> None:
         print(f"lnexp train: error: {error}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
         _crashed(run_dir, e)
+    finally:
+        staging.undo(staged, run_dir)  # a launch that did not train the run leaves it as it was
 
 
 def _crashed(run_dir: Path, e: Exception) -> None:
@@ -115,18 +123,27 @@ def _crashed(run_dir: Path, e: Exception) -> None:
     print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {error_log})", file=sys.stderr)
 
 
+_KINDS_HERE: set[str] = set()  # the failures of this process's jobs, also where the file cannot grow
+
+
 def _record_failure(kind: str, message: str) -> None:
+    _KINDS_HERE.add(kind)
     path = Path(os.environ[FAILURES_ENV])  # set by main() before any job starts
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
+    except OSError:  # a full disk: the run's own error is what the user must see, not this one
+        pass
 
 
 def _failure_kinds(path: Path | None) -> set[str]:
     """Kinds of the runs that failed ("user", "crash"); removes the file."""
+    kinds = set(_KINDS_HERE)
+    _KINDS_HERE.clear()
     if path is None or not path.exists():
-        return set()
-    kinds = {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
+        return kinds
+    kinds |= {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
     path.unlink()
     return kinds
 
@@ -174,16 +191,29 @@ def _check_hydra_flags(argv: list[str]) -> None:
                           "use --cfg all --resolve, or --cfg hydra alone")
 
 
+PROBE_BYTES = 64 * 1024  # more than Hydra writes of a launch (its three config files) before the job
+
+
 def _check_writable(runs_root: Path) -> None:
-    """The runs root exists (made now) and takes new folders, before Hydra makes the run's."""
+    """The runs root exists (made now), takes new folders and has room for Hydra's files of the
+    launch, before Hydra makes the run's (its own error on a full disk is a chained traceback)."""
+    from lnexp import rundir
+
+    probe = runs_root / f".lnexp-write-test-{os.getpid()}"
     try:
         runs_root.mkdir(parents=True, exist_ok=True)
-        probe = runs_root / f".lnexp-write-test-{os.getpid()}"
         probe.mkdir()
         probe.rmdir()
     except OSError as e:
         raise ConfigError(f"runs_root={runs_root}: cannot make folders there ({e.strerror}): pass a "
                           "folder you can write, e.g. runs_root=runs") from None
+    try:
+        with open(probe, "wb", buffering=0) as f:
+            f.write(b"\0" * PROBE_BYTES)
+    except OSError as e:
+        raise (rundir.as_disk_error(e, probe) or e) from None
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -199,6 +229,7 @@ def shell_completion(argv: list[str]) -> int:
     import hydra
 
     from lnexp import config, run_names
+    from lnexp.train import staging
 
     i = max(argv.index(f) for f in ("-sc", "--shell-completion") if f in argv)
     value = argv[i + 1] if i + 1 < len(argv) else ""
@@ -206,6 +237,7 @@ def shell_completion(argv: list[str]) -> int:
         raise ConfigError(f"-sc {value!r}: use -sc install=bash (zsh: install=bash under "
                           "bashcompinit; fish: install=fish), or uninstall=bash")
     run_names.register_resolver()
+    staging.register_resolver()
     old = sys.argv
     sys.argv = ["lnexp", "-sc", value]  # Hydra's script completes the command named argv[0]
     try:
@@ -220,6 +252,7 @@ def main(argv: list[str]) -> int:
 
     from lnexp import config, run_names
     from lnexp.runtime.sharing import passive_wait_if_shared
+    from lnexp.train import staging
 
     if {"--help", "-h"} & set(argv):  # Hydra's help drops the YAML comments that explain the keys
         from lnexp.config_help import train_help
@@ -227,6 +260,7 @@ def main(argv: list[str]) -> int:
         print(train_help())
         return 0
     run_names.register_resolver()
+    staging.register_resolver()
     passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
     if {"-m", "--multirun"} & set(argv) and {"--cfg", "-c"} & set(argv):
         raise ConfigError("--cfg prints one run's config: drop -m, or give one value per key")
