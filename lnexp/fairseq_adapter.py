@@ -215,6 +215,25 @@ def grouped(itr, cfg):
                                      skip_remainder_batch=cfg.optimization.skip_remainder_batch)
 
 
+def autocast_forward(trainer, context) -> None:
+    """Run the forward pass and the loss of every training and validation step under
+    ``context()`` (lnexp.train.precision.autocast_context): fairseq's task calls the criterion,
+    which calls the model and computes the loss, inside its "forward" region, and the backward
+    outside it; so wrapping the criterion covers exactly forward + loss. The optimizer, gradient
+    clipping and the weights are untouched (fp32)."""
+    import functools
+
+    criterion = trainer.criterion
+    forward = criterion.forward
+
+    @functools.wraps(forward)
+    def under_context(*args, **kwargs):
+        with context():
+            return forward(*args, **kwargs)
+
+    criterion.forward = under_context
+
+
 def train_step(trainer, samples) -> dict[str, Any] | None:
     """One update, handled as fairseq-train handles it.
 

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from lnexp import fairseq_adapter as fa
 from lnexp import rundir
 from lnexp.rundir import read_json, run_paths
-from lnexp.train import runlock, settings
+from lnexp.train import precision, runlock, settings
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import FINAL, OtherRank, Rank0
 from lnexp.train.settings import RunSetup
@@ -79,6 +79,8 @@ class Training:
         from the checkpoint the run resumes from with lnexp's state; rank 0 describes the run."""
         self.setup, self.sharing = setup, sharing
         self.task, model, _, self.trainer = fa.build_trainer(setup.fcfg)
+        if setup.precision.autocast:  # bf16 on CPU: forward + loss under autocast
+            fa.autocast_forward(self.trainer, precision.autocast_context)
         # a fresh run starts from its scheme's initialisation (Admin's profiling pass sets gains)
         extra, self.epoch_itr, profiled = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from,
                                                             self.task)
