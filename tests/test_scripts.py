@@ -130,7 +130,18 @@ def test_bench_sharing_quick_prints_the_table_and_the_threads_taken(small_multi3
     assert row[6] == f"{cores} (all {cores} cores, no other lnexp training on this host)"
 
 
-def test_bench_train_fast_paths_print_updates_per_second_against_fp32(small_multi30k, bench_env):
+@pytest.fixture(scope="module")
+def bf16_cpu():
+    """Explicit precision=bf16 stops where this CPU fails lnexp's bf16 self-check: skip there."""
+    from lnexp.train.precision import self_check
+
+    why = self_check()
+    if why is not None:
+        pytest.skip(f"bf16 self-check fails on this CPU: {why}")
+
+
+def test_bench_train_fast_paths_print_updates_per_second_against_fp32(small_multi30k, bench_env,
+                                                                     bf16_cpu):
     out = run_script("bench_train.py", "--quick", "--interleaved", "--no-stock", "--fast", "bf16",
                      "--models", "mini", "--placements", "post_ln", *data_args(small_multi30k),
                      env=bench_env)
@@ -141,9 +152,9 @@ def test_bench_train_fast_paths_print_updates_per_second_against_fp32(small_mult
 
 
 def test_profile_step_cell_splits_a_cell_by_phase(small_multi30k, bench_env):
-    out = run_script("profile_step.py", "--quick", "--cell", "--precision", "bf16",
+    out = run_script("profile_step.py", "--quick", "--cell", "--precision", "auto",
                      *data_args(small_multi30k), env=bench_env)
-    assert "# precision: bf16 autocast on CPU" in out or "# precision: fp32" not in out
+    assert "# precision: bf16 autocast on CPU (precision=auto" in out or "# precision: fp32 (" in out
     rows = {r[0]: r for r in table_rows(out, "phase")}
     for phase in ("start-up (imports, config, data, model, trainer)", "forward + loss", "backward",
                   "optimizer (clip + step)", "validation loss (whole valid set)"):
@@ -152,7 +163,7 @@ def test_profile_step_cell_splits_a_cell_by_phase(small_multi30k, bench_env):
     assert sum(shares) == pytest.approx(1.0, abs=0.01)
 
 
-def test_precision_check_quick_compares_fp32_and_bf16(small_multi30k, bench_env):
+def test_precision_check_quick_compares_fp32_and_bf16(small_multi30k, bench_env, bf16_cpu):
     out = run_script("precision_check.py", "--quick", *data_args(small_multi30k), env=bench_env)
     grads = table_rows(out, "placement", "seed")
     assert [r[0] for r in grads] == ["post_ln", "pre_ln", "peri_ln"]

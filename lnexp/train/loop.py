@@ -81,6 +81,11 @@ class Training:
         self.task, model, _, self.trainer = fa.build_trainer(setup.fcfg)
         if setup.precision.autocast:  # bf16 on CPU: forward + loss under autocast
             fa.autocast_forward(self.trainer, precision.autocast_context)
+        self.step = fa.train_step
+        if setup.compile:  # falls back to the eager layers, saying why, if compiling fails
+            from lnexp.train.compiling import CompiledLayers
+
+            self.step = CompiledLayers(model).step
         # a fresh run starts from its scheme's initialisation (Admin's profiling pass sets gains)
         extra, self.epoch_itr, profiled = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from,
                                                             self.task)
@@ -122,7 +127,7 @@ class Training:
         for samples in itr:
             lr = trainer.get_lr()
             self.sharing.refresh()
-            step = fa.train_step(trainer, samples)
+            step = self.step(trainer, samples)
             n = trainer.get_num_updates()
             if step is not None and step.get("overflow"):  # fp16: scale lowered, no update
                 state.overflows += 1

@@ -85,6 +85,7 @@ class RunSetup:
     tokens_per_update_max: int
     resume_from: Path | None  # the checkpoint the run resumes from (None: a fresh start)
     precision: Precision  # what the run computes in (precision=auto resolved on this machine)
+    compile: bool  # compile=true: layers under torch.compile (lnexp.train.compiling)
 
     @property
     def data(self) -> Any:
@@ -128,7 +129,8 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
             ["fairseq-train", *fa.flags_to_argv(fs.data.bin_dir, stock)]),
         master=fa.is_master(fs.config), world_size=world,
         tokens_per_update_max=world * tokens_per_rank,
-        resume_from=rundir.resume_checkpoint(paths), precision=precision)
+        resume_from=rundir.resume_checkpoint(paths), precision=precision,
+        compile=bool(cfg.get("compile", False)))
 
 
 def schedule_in_force(cfg: DictConfig) -> str:
