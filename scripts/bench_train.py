@@ -178,6 +178,8 @@ def main() -> None:
                    help="with --interleaved: comma list of fast paths to run against the default "
                         "fp32 lnexp run, round for round: " + ", ".join(FAST) + " (bf16: CPU "
                         "autocast, lnexp/train/precision.py; compiled: every layer torch.compile'd)")
+    p.add_argument("--override", action="append", default=[],
+                   help="an lnexp override for every lnexp run (repeatable), e.g. norm=dyt")
     p.add_argument("--no-stock", action="store_true",
                    help="leave out the stock fairseq-train runs (fast paths only)")
     p.add_argument("--child", choices=("stock", "lnexp"), help=argparse.SUPPRESS)
@@ -207,6 +209,9 @@ def main() -> None:
         placements = list(PLACEMENTS)
     extra = [f"threads={threads}", f"precision={args.precision}", "seed=1"]
     extra += B.data_overrides(args)
+    extra += args.override
+    if args.override and not args.no_stock:
+        p.error("--override changes lnexp's runs only: add --no-stock")
     if args.max_tokens:
         extra.append(f"scale.max_tokens={args.max_tokens}")
     if args.quick:

@@ -194,6 +194,9 @@ def main() -> None:
     res = trainer.run(args.warmup, args.updates, count_flops=1)
     cats, mm_flops, optimizer_s, profiled_s = profile(trainer, args.updates)
     peak = max(peak0, B.matmul_peak(2048, "float32"))
+    if trainer.precision.autocast:
+        print(f"# precision: {trainer.precision.why}; bf16 matmul peak 2048x2048: "
+              f"{B.matmul_peak(2048, 'bfloat16') / 1e9:.0f} GFLOP/s (the table's peak stays fp32's)")
 
     update_s = res["s_per_update"]
     total = sum(cats.values())
