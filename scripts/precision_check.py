@@ -4,6 +4,7 @@ initialisation and on a few mini atlas cells.
 
     python scripts/precision_check.py                 # fig3 gradients (2 seeds) + 3 cells x 2 precisions
     python scripts/precision_check.py --cells none    # fig3 gradients only (about a minute)
+    python scripts/precision_check.py --no-fig3 --cells post_ln:1e-3:0 --seed 2
     python scripts/precision_check.py --quick         # tiny model and runs (for tests)
 
 1. fig3 at init (lnexp/figures/fig3.py's measurement: the paper's 6+6 d=512 model, fairseq's init
@@ -144,6 +145,7 @@ def main() -> None:
     p.add_argument("--cells", default=DEFAULT_CELLS,
                    help='comma list of placement:lr:warmup[:norm], or "none"')
     p.add_argument("--seed", type=int, default=1, help="cells: the seed")
+    p.add_argument("--no-fig3", action="store_true", help="cells only")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="tiny model and runs (for tests)")
     B.add_data_args(p)
@@ -152,7 +154,8 @@ def main() -> None:
         args.seeds, args.max_tokens = 1, 256
         args.cells = "pre_ln:1e-3:0" if args.cells == DEFAULT_CELLS else args.cells
     print(B.machine_line())
-    fig3_grads(args)
+    if not args.no_fig3:
+        fig3_grads(args)
     if args.cells != "none":
         print()
         cells(args)
