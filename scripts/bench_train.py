@@ -428,6 +428,8 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
                 print(f"# {m}: lnexp's per-update logging (RunLog.update, not in the interleaved "
                       f"loop) {book * 1e3:.2f} ms = {book / per:.3%} of an update")
     print()
+    if args.no_stock:
+        return
     print("Stock commands (the lnexp run uses the same settings via `lnexp train`):")
     for (model, placement), cmd in commands.items():
         print(f"  [{model} {placement}] {cmd}")

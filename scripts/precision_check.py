@@ -153,6 +153,9 @@ def main() -> None:
     if args.quick:
         args.seeds, args.max_tokens = 1, 256
         args.cells = "pre_ln:1e-3:0" if args.cells == DEFAULT_CELLS else args.cells
+    import torch
+
+    torch.set_num_threads(args.threads)
     print(B.machine_line())
     if not args.no_fig3:
         fig3_grads(args)
