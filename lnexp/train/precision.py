@@ -17,6 +17,7 @@ profile of plain autocast (2026-12-03), more than the bf16 matmuls saved.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ def cpu_bf16_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
     return tuple(f for f in BF16_FLAGS if f in flags)
 
 
+@functools.cache
 def self_check() -> str | None:
     """None if bf16 autocast works here, else why not: oneDNN's bf16 support, then a small
     linear + LayerNorm + attention forward and backward under ``autocast_context`` against fp32
