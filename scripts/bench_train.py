@@ -230,9 +230,8 @@ def main() -> None:
             updates = args.updates or (4 if args.quick else {"mini": 30}.get(model, 10))
             warmup = 1 if args.quick else args.warmup
             total = warmup + updates
-            runs = _runs_for(model, placements, extra, total, work, device, commands)
-            if args.no_stock:
-                runs = [r for r in runs if r[0] != "stock"]
+            runs = _runs_for(model, placements, extra, total, work, device, commands,
+                             with_stock=not args.no_stock)
             if args.interleaved:
                 for f in fast:
                     runs += [(f, p, [*argv, *FAST[f][0]]) for kind, p, argv in runs if kind == "lnexp"]
@@ -255,8 +254,9 @@ def main() -> None:
 
 
 def _runs_for(model: str, placements: list[str], extra: list[str], total: int, work: Path,
-              device: str, commands: dict) -> list[tuple[str, str, list[str]]]:
-    """[(kind, placement, argv)] in ABAB order: stock then lnexp for Post-/Pre-LN, then the rest."""
+              device: str, commands: dict, with_stock: bool = True) -> list[tuple[str, str, list[str]]]:
+    """[(kind, placement, argv)] in ABAB order: stock then lnexp for Post-/Pre-LN, then the rest
+    (``with_stock=False``: lnexp's runs only)."""
     from lnexp.data.registry import load_for_training
     from lnexp.fairseq_adapter import flags_to_argv
     from lnexp.train import settings
@@ -265,7 +265,7 @@ def _runs_for(model: str, placements: list[str], extra: list[str], total: int, w
     for placement in placements:
         over = [f"placement={placement}", B.STOCK_SCHEDULE, f"scale.arch={B.ARCHS[model]}",
                 f"max_update={total}", "eval.subset=1", f"runs_root={work / 'runs'}", *extra]
-        if placement in PAIRS:
+        if with_stock and placement in PAIRS:
             cfg = B.compose(over)
             data = load_for_training(cfg.dataset)
             stock = settings.stock_flags(settings.fairseq_flags(cfg, None, device))
