@@ -84,6 +84,7 @@ def fig3_grads(args) -> None:
     post_pre = [[seed, *(norms[("post_ln", seed, prec)][("decoder", layers, "W2")]
                          / norms[("pre_ln", seed, prec)][("decoder", layers, "W2")]
                          for prec in ("fp32", "bf16"))] for seed in range(1, args.seeds + 1)]
+    print()
     print(B.table(["seed", "Post/Pre-LN last decoder W2 grad, fp32", "bf16"], post_pre))
 
 
