@@ -93,8 +93,9 @@ def keys_text() -> list[str]:
     while out[-1] == "":
         out.pop()
     allowed = [f"{k}: {' | '.join(v)}" for k, v in ALLOWED.items()]
-    return [*out, "", "Allowed values: " + "; ".join(allowed) + " (bf16 and fp16 train on a GPU; "
-            "device=auto takes the GPU if torch sees one)."]
+    return [*out, "", "Allowed values: " + "; ".join(allowed) + " (fp16 trains on a GPU; bf16 on a CPU is "
+            "autocast, precision=auto takes it where the CPU has bf16 units; device=auto takes the "
+            "GPU if torch sees one)."]
 
 
 def train_help() -> str:

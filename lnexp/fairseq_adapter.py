@@ -215,6 +215,53 @@ def grouped(itr, cfg):
                                      skip_remainder_batch=cfg.optimization.skip_remainder_batch)
 
 
+def autocast_forward(trainer, context) -> None:
+    """Run the forward pass and the loss of every training and validation step under
+    ``context()`` (lnexp.train.precision.autocast_context): fairseq's task calls the criterion,
+    which calls the model and computes the loss, inside its "forward" region, and the backward
+    outside it; so wrapping the criterion covers exactly forward + loss. The optimizer, gradient
+    clipping and the weights are untouched (fp32)."""
+    import functools
+
+    criterion = trainer.criterion
+    forward = criterion.forward
+
+    @functools.wraps(forward)
+    def under_context(*args, **kwargs):
+        with context():
+            return forward(*args, **kwargs)
+
+    criterion.forward = under_context
+
+
+def phase_clock(trainer, clock) -> dict[str, float]:
+    """Seconds spent in each phase of fairseq's update, summed from now on (for
+    scripts/profile_step.py): "forward" (the criterion: model forward + loss), "backward"
+    (the optimizer wrapper's backward), "optimizer" (gradient clipping + the optimizer's step).
+    ``clock``: a no-argument function giving seconds (time.perf_counter)."""
+    import functools
+
+    spent = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+    def timed(obj, name: str, phase: str) -> None:
+        f = getattr(obj, name)
+
+        @functools.wraps(f)
+        def run(*args, **kwargs):
+            t = clock()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[phase] += clock() - t
+        setattr(obj, name, run)
+
+    timed(trainer.criterion, "forward", "forward")
+    timed(trainer.optimizer, "backward", "backward")
+    timed(trainer.optimizer, "clip_grad_norm", "optimizer")
+    timed(trainer.optimizer, "step", "optimizer")
+    return spent
+
+
 def train_step(trainer, samples) -> dict[str, Any] | None:
     """One update, handled as fairseq-train handles it.
 

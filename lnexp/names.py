@@ -11,7 +11,8 @@ _PLACEMENT_DIR = Path(__file__).parent / "configs" / "placement"
 PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in _PLACEMENT_DIR.glob("*.yaml") if p.stem not in _FIRST))
 NORMS = ("layernorm", "rmsnorm", "dyt")
 SCHEDULES = ("inverse_sqrt", "constant", "step", "linear")
-PRECISIONS = ("fp32", "bf16", "fp16")
+# auto: bf16 autocast on a CPU with bf16 units whose self-check passes, else fp32 (lnexp/train/precision.py)
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 # configs/scale: mini (CPU, d=128), gpu (the paper's IWSLT model on Multi30k, one GPU), paper
 SCALES = ("mini", "gpu", "paper")
 

@@ -129,6 +129,11 @@ class LnexpTrainer:
         if dist is not None:
             fa.adopt_distributed(self.fcfg, dist)
         self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
+        from lnexp.train import precision
+
+        self.precision = precision.resolve(str(cfg.precision), self.device)
+        if self.precision.autocast:  # as lnexp.train.loop.Training does
+            fa.autocast_forward(self.trainer, precision.autocast_context)
         _, self.epoch_itr, _ = fa.epoch_iterator(self.fcfg, self.trainer, None, self.task)
         if compile_layers:
             torch._dynamo.config.recompile_limit = 64  # one code object, 12 layer instances

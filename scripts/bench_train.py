@@ -5,6 +5,8 @@
     python scripts/bench_train.py --models mini --reps 5 --updates 40
     python scripts/bench_train.py --quick               # tiny model, seconds (used by the tests)
     python scripts/bench_train.py --interleaved --compile --models mini   # + torch.compile'd layers
+    python scripts/bench_train.py --interleaved --fast bf16,compiled,bf16+compiled --no-stock
+                                                        # fp32 (today's default) vs each fast path
     python scripts/bench_train.py --interleaved --placements all --threads 1  # every scheme vs Pre-LN
 
 Each measurement is a fresh subprocess running the real entry point with identical settings:
@@ -44,6 +46,10 @@ RATIOS = [  # (label, numerator run, denominator run, target)
     ("compiled/eager post_ln", ("compiled", "post_ln"), ("lnexp", "post_ln"), None),
     ("compiled/eager pre_ln", ("compiled", "pre_ln"), ("lnexp", "pre_ln"), None),
 ]
+# fast paths against the default fp32 lnexp run (--fast): run kind -> extra overrides, compiled?
+FAST = {"bf16": (["precision=bf16"], False), "compiled": ([], True),
+        "bf16+compiled": (["precision=bf16"], True)}
+KINDS = ("stock", "lnexp", *FAST)
 # every other scheme against Pre-LN (lnexp both): a scheme under this ratio at the IWSLT size says
 # where its time goes (#19; docs/performance.md)
 ZOO_FLOOR = 0.8
@@ -168,14 +174,27 @@ def main() -> None:
                    help="with --interleaved: also run lnexp with each encoder/decoder layer under "
                         "torch.compile (inductor, dynamic shapes), to see whether fusing the "
                         "element-wise ops and dropout pays on this machine")
+    p.add_argument("--fast", default="",
+                   help="with --interleaved: comma list of fast paths to run against the default "
+                        "fp32 lnexp run, round for round: " + ", ".join(FAST) + " (bf16: CPU "
+                        "autocast, lnexp/train/precision.py; compiled: every layer torch.compile'd)")
+    p.add_argument("--override", action="append", default=[],
+                   help="an lnexp override for every lnexp run (repeatable), e.g. norm=dyt")
+    p.add_argument("--no-stock", action="store_true",
+                   help="leave out the stock fairseq-train runs (fast paths only)")
     p.add_argument("--child", choices=("stock", "lnexp"), help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         child(args.child, args.spec)
         return
-    if args.compile and not args.interleaved:
-        p.error("--compile compares compiled and eager models in one process: add --interleaved")
+    fast = [f.strip() for f in args.fast.split(",") if f.strip()]
+    if args.compile and "compiled" not in fast:
+        fast.append("compiled")
+    if fast and not args.interleaved:
+        p.error("--fast/--compile compare paths in one process, round for round: add --interleaved")
+    if any(f not in FAST for f in fast):
+        p.error(f"--fast takes a comma list of: {', '.join(FAST)}")
 
     import torch
 
@@ -190,6 +209,9 @@ def main() -> None:
         placements = list(PLACEMENTS)
     extra = [f"threads={threads}", f"precision={args.precision}", "seed=1"]
     extra += B.data_overrides(args)
+    extra += args.override
+    if args.override and not args.no_stock:
+        p.error("--override changes lnexp's runs only: add --no-stock")
     if args.max_tokens:
         extra.append(f"scale.max_tokens={args.max_tokens}")
     if args.quick:
@@ -208,10 +230,11 @@ def main() -> None:
             updates = args.updates or (4 if args.quick else {"mini": 30}.get(model, 10))
             warmup = 1 if args.quick else args.warmup
             total = warmup + updates
-            runs = _runs_for(model, placements, extra, total, work, device, commands)
+            runs = _runs_for(model, placements, extra, total, work, device, commands,
+                             with_stock=not args.no_stock)
             if args.interleaved:
-                if args.compile:
-                    runs += [("compiled", p, argv) for kind, p, argv in runs if kind == "lnexp"]
+                for f in fast:
+                    runs += [(f, p, [*argv, *FAST[f][0]]) for kind, p, argv in runs if kind == "lnexp"]
                 results.update(interleaved(model, runs, warmup, updates))
                 continue
             for rep in range(args.reps):
@@ -231,8 +254,9 @@ def main() -> None:
 
 
 def _runs_for(model: str, placements: list[str], extra: list[str], total: int, work: Path,
-              device: str, commands: dict) -> list[tuple[str, str, list[str]]]:
-    """[(kind, placement, argv)] in ABAB order: stock then lnexp for Post-/Pre-LN, then the rest."""
+              device: str, commands: dict, with_stock: bool = True) -> list[tuple[str, str, list[str]]]:
+    """[(kind, placement, argv)] in ABAB order: stock then lnexp for Post-/Pre-LN, then the rest
+    (``with_stock=False``: lnexp's runs only)."""
     from lnexp.data.registry import load_for_training
     from lnexp.fairseq_adapter import flags_to_argv
     from lnexp.train import settings
@@ -241,7 +265,7 @@ def _runs_for(model: str, placements: list[str], extra: list[str], total: int, w
     for placement in placements:
         over = [f"placement={placement}", B.STOCK_SCHEDULE, f"scale.arch={B.ARCHS[model]}",
                 f"max_update={total}", "eval.subset=1", f"runs_root={work / 'runs'}", *extra]
-        if placement in PAIRS:
+        if with_stock and placement in PAIRS:
             cfg = B.compose(over)
             data = load_for_training(cfg.dataset)
             stock = settings.stock_flags(settings.fairseq_flags(cfg, None, device))
@@ -259,8 +283,11 @@ def interleaved(model: str, runs, warmup: int, updates: int) -> dict:
     """All runs' trainers in this process, one update of each in turn (order reversed every other
     round); every timed round is one paired sample. Same seed and data: the same batches."""
     trainers = [(kind, placement, B.LnexpTrainer(argv if kind != "stock" else _lnexp_argv(runs, placement),
-                                                 stock=kind == "stock", compile_layers=kind == "compiled"))
+                                                 stock=kind == "stock",
+                                                 compile_layers=kind in FAST and FAST[kind][1]))
                 for kind, placement, argv in runs]
+    for kind, placement, tr in trainers:
+        print(f"  {model} {placement} {kind}: precision {tr.precision.why}", file=sys.stderr, flush=True)
     out: dict = {}
     flops: dict = {}
     for i in range(warmup + updates):
@@ -300,6 +327,36 @@ def loop_bookkeeping_s(n: int = 300) -> float:
     return dt
 
 
+def fast_table(results, models, placements) -> None:
+    """updates/s of the default fp32 lnexp run and of each fast path, and their paired ratio per
+    round (the same batch in the same round: the ratio of updates/s is that of tokens/s)."""
+    rows = []
+    for model in models:
+        for placement in placements:
+            base = results.get((model, placement, "lnexp"))
+            for kind in FAST:
+                rs = results.get((model, placement, kind))
+                if not rs or not base:
+                    continue
+                paired = [y["seconds"] / x["seconds"] for x, y in zip(rs, base, strict=False)]
+                q = statistics.quantiles(paired, n=4) if len(paired) > 2 else [min(paired), 0, max(paired)]
+                goal = FAST_GOAL.get(model)
+                rows.append([model, placement, kind, 1 / B.median([r["seconds"] for r in base]),
+                             1 / B.median([r["seconds"] for r in rs]), B.median(paired),
+                             f"{q[0]:.2f}-{q[2]:.2f}", len(paired),
+                             "-" if goal is None else f">= {goal}"])
+    if rows:
+        print()
+        print("Fast paths against the default fp32 path (interleaved: paired per round)")
+        print(B.table(["model", "placement", "path", "fp32 updates/s", "path updates/s",
+                       "path/fp32 (median of rounds)", "quartiles", "rounds", "goal (AMX CPU)"],
+                      rows))
+
+
+# issue 31's goal: 2x updates/s at the mini 6+6 model on a CPU with AMX
+FAST_GOAL = {"mini": 2.0}
+
+
 def report(results, commands, models, placements, peaks, args, threads, device) -> None:
     peak = peaks["fp32" if args.precision == "fp32" else "bf16"]
     print(f"# peak: {args.precision if device == 'cuda' else 'fp32'} matmul 2048x2048, "
@@ -309,7 +366,7 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
     rows = []
     for model in models:
         for placement in placements:
-            for kind in ("stock", "lnexp", "compiled"):
+            for kind in KINDS:
                 rs = results.get((model, placement, kind))
                 if not rs:
                     continue
@@ -349,6 +406,7 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
                          "-" if target is None else f">= {target}", ok])
     print("Ratios of tokens/s (median of paired ratios: per repetition, or per round if interleaved)")
     print(B.table(["model", "ratio", "median", "per repetition (or spread)", "target", "met"], rows))
+    fast_table(results, models, placements)
     ck = [(m, B.median([r["checkpoint_s"] for p in placements
                         for r in results.get((m, p, "lnexp"), []) if "checkpoint_s" in r]))
           for m in models]
@@ -370,6 +428,8 @@ def report(results, commands, models, placements, peaks, args, threads, device) 
                 print(f"# {m}: lnexp's per-update logging (RunLog.update, not in the interleaved "
                       f"loop) {book * 1e3:.2f} ms = {book / per:.3%} of an update")
     print()
+    if args.no_stock:
+        return
     print("Stock commands (the lnexp run uses the same settings via `lnexp train`):")
     for (model, placement), cmd in commands.items():
         print(f"  [{model} {placement}] {cmd}")

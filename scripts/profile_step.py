@@ -4,6 +4,16 @@
     python scripts/profile_step.py                      # paper IWSLT model, Post-LN, 3 profiled updates
     python scripts/profile_step.py --model mini --updates 5
     python scripts/profile_step.py --quick              # tiny model, seconds (used by the tests)
+    python scripts/profile_step.py --cell --updates 10  # a mini atlas cell's phases (start-up ... BLEU)
+    python scripts/profile_step.py --cell --precision bf16
+
+``--cell``: where a mini 6+6 atlas cell's time goes (configs/experiment/atlas_mini.yaml: 120 updates
+of 2048 tokens, 1 thread, norm tracking every 10 updates, one validation loss + BLEU on 100
+sentences at the end). Start-up is measured from this script's first line (interpreter start not
+included) to the trainer ready; ``--updates`` updates are split by wall clock into batch fetch
+(data), forward + loss, backward, optimizer (clipping + Adam), norm tracking and the rest of
+fairseq's update, then extrapolated to the cell's max_update; last, the cell's evaluation. No
+profiler runs in this mode, so the phases add up to the update's wall time.
 
 Builds lnexp's training path in-process (scripts/_bench.LnexpTrainer), runs ``--warmup`` untimed
 updates, times ``--updates`` updates without the profiler, then profiles the same number with
@@ -17,9 +27,14 @@ output says which of the two limits the training FLOP/s and by how much.
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
+import time
+
+T0 = time.perf_counter()  # --cell: start-up is measured from here
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -73,6 +88,72 @@ def profile(trainer: B.LnexpTrainer, updates: int):
             wall / updates)
 
 
+def cell(args) -> None:
+    """The --cell table: a mini atlas cell's seconds by phase (see the module's docstring)."""
+    import torch
+
+    from lnexp import fairseq_adapter as fa
+    from lnexp.train.norm_tracking import NormTracker
+    from lnexp.train.validation import BleuScorer, validation_loss
+
+    over = ["experiment=atlas_mini", f"placement={args.placement}", f"precision={args.precision}",
+            "seed=1", *B.data_overrides(args)]
+    if args.quick:
+        over += B.QUICK_OVERRIDES + ["eval.subset=5"]
+        args.warmup, args.updates = 1, min(args.updates, 2)
+    run = B.LnexpTrainer(over)
+    startup = time.perf_counter() - T0
+    cfg = run.cfg
+    print(B.machine_line())
+    print(f"# precision: {run.precision.why}")
+    for _ in range(args.warmup):
+        run.step()
+    clock = time.perf_counter
+    spent = fa.phase_clock(run.trainer, clock)
+    data = track = wall = 0.0
+    with tempfile.TemporaryDirectory() as d:
+        tracker = NormTracker(run.model, Path(d) / "norms.csv", int(cfg.track_every),
+                              grad_of=fa.stepped_grads(run.trainer)) if cfg.track_norms else None
+        for i in range(args.updates):
+            t = clock()
+            samples = run._next()
+            data += clock() - t
+            fa.train_step(run.trainer, samples)
+            t1 = clock()
+            if tracker is not None:
+                tracker.after_update(args.warmup + i + 1)
+            track += clock() - t1
+            wall += clock() - t
+        if tracker is not None:
+            tracker.close()
+    n = args.updates
+    per = {"data (batch fetch)": data / n, "forward + loss": spent["forward"] / n,
+           "backward": spent["backward"] / n, "optimizer (clip + step)": spent["optimizer"] / n,
+           f"norm tracking (every {cfg.track_every} updates)": track / n}
+    per["rest of fairseq's update"] = wall / n - sum(per.values())
+    cell_updates = int(cfg.max_update)
+    t = clock()
+    valid = validation_loss(run.task, run.trainer)
+    loss_s = clock() - t
+    scorer = BleuScorer(run.task, run.data, beam=int(cfg.eval.beam), lenpen=float(cfg.eval.lenpen),
+                        max_sentences=int(cfg.eval.max_sentences), subset=int(cfg.eval.subset))
+    t = clock()
+    scorer.score(run.trainer.get_model(), run.device)
+    bleu_s = clock() - t
+    rows = [["start-up (imports, config, data, model, trainer)", startup, startup]]
+    rows += [[k, v, v * cell_updates] for k, v in per.items()]
+    rows += [["validation loss (whole valid set)", float("nan"), loss_s],
+             [f"BLEU (beam {cfg.eval.beam}, {scorer.n} sentences)", float("nan"), bleu_s]]
+    total = sum(r[2] for r in rows)
+    rows = [[*r, r[2] / total] for r in rows]
+    rows.append(["cell (extrapolated)", wall / n, total, 1.0])
+    print(f"# mini atlas cell ({cfg.placement.name}, {cfg.depth.encoder_layers}+"
+          f"{cfg.depth.decoder_layers} layers, {cfg.scale.max_tokens} tokens/batch, "
+          f"{torch.get_num_threads()} thread(s)): {n} updates timed after {args.warmup} untimed, "
+          f"x {cell_updates} updates; evaluation once (valid loss {valid.loss:.2f} bits)")
+    print(B.table(["phase", "s/update", "s/cell", "share of the cell"], rows))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="iwslt", choices=sorted(B.ARCHS))
@@ -83,15 +164,26 @@ def main() -> None:
     p.add_argument("--stock", action="store_true",
                    help="profile stock fairseq's transformer instead (Post-/Pre-LN only)")
     p.add_argument("--quick", action="store_true", help="tiny 2+2-layer mini model (for tests)")
+    p.add_argument("--cell", action="store_true",
+                   help="a mini atlas cell's time by phase (start-up, data, forward, backward, "
+                        "optimizer, norm tracking, evaluation) instead of the operator profile")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "auto"))
     B.add_data_args(p)
     args = p.parse_args()
+    if args.cell:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        cell(args)
+        return
 
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     over = [f"scale.arch={B.ARCHS[args.model]}", f"placement={args.placement}", B.STOCK_SCHEDULE, "seed=1",
-            f"threads={torch.get_num_threads()}", *B.data_overrides(args)]
+            f"threads={torch.get_num_threads()}", f"precision={args.precision}", *B.data_overrides(args)]
     if args.quick:
         over += B.QUICK_OVERRIDES
         args.model = "mini (2+2 layers)"
@@ -102,6 +194,9 @@ def main() -> None:
     res = trainer.run(args.warmup, args.updates, count_flops=1)
     cats, mm_flops, optimizer_s, profiled_s = profile(trainer, args.updates)
     peak = max(peak0, B.matmul_peak(2048, "float32"))
+    if trainer.precision.autocast:
+        print(f"# precision: {trainer.precision.why}; bf16 matmul peak 2048x2048: "
+              f"{B.matmul_peak(2048, 'bfloat16') / 1e9:.0f} GFLOP/s (the table's peak stays fp32's)")
 
     update_s = res["s_per_update"]
     total = sum(cats.values())

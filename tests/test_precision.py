@@ -157,3 +157,106 @@ def test_fp16_overflow_in_a_run_is_logged_and_the_run_goes_on(small_multi30k, tm
     assert [r["overflows"] for r in rows] == ["0", "0", "1", "1", "1"]
     assert [float(r["loss_scale"]) for r in rows] == [128, 128, 64, 64, 64]
     assert json.loads((tmp_path / "run" / "status.json").read_text())["diverged"] is None
+
+
+# --- bf16 autocast on CPU (lnexp.train.precision) ------------------------------------------------
+
+INTEL_AMX = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R)\n"
+             "flags\t\t: fpu sse avx512f avx512_bf16 amx_bf16 amx_tile\n")
+AMD_NO_BF16 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse avx2 fma\n"
+
+
+def test_bf16_units_are_detected_from_cpuinfo():
+    from lnexp.train.precision import cpu_bf16_flags
+
+    assert cpu_bf16_flags(INTEL_AMX) == ("amx_bf16", "avx512_bf16")
+    assert cpu_bf16_flags(AMD_NO_BF16) == ()
+    assert cpu_bf16_flags("") == ()
+    assert cpu_bf16_flags("Features\t: fp asimd bf16\n") == ()  # an ARM flag is not an x86 unit
+
+
+def test_precision_auto_takes_bf16_only_with_units_and_a_passing_self_check(monkeypatch):
+    from lnexp.errors import ConfigError
+    from lnexp.train import precision as P
+
+    fp32 = P.resolve("auto", "cpu", cpuinfo=AMD_NO_BF16)
+    assert (fp32.name, fp32.autocast) == ("fp32", False) and "neither amx_bf16 nor" in fp32.why
+    monkeypatch.setattr(P, "self_check", lambda: None)
+    bf16 = P.resolve("auto", "cpu", cpuinfo=INTEL_AMX)
+    assert (bf16.name, bf16.autocast, bf16.fairseq_bf16) == ("bf16", True, False)
+    assert "amx_bf16, avx512_bf16" in bf16.why and "self-check passed" in bf16.why
+    monkeypatch.setattr(P, "self_check", lambda: "oneDNN reports no bf16 support")
+    failed = P.resolve("auto", "cpu", cpuinfo=INTEL_AMX)
+    assert failed.name == "fp32" and "oneDNN reports no bf16 support" in failed.why
+    with pytest.raises(ConfigError, match="self-check"):  # asked for explicitly: say so, stop
+        P.resolve("bf16", "cpu", cpuinfo=INTEL_AMX)
+    with pytest.raises(ConfigError, match="needs a GPU"):
+        P.resolve("fp16", "cpu")
+    assert P.resolve("auto", "cuda").name == "fp32"
+    assert P.resolve("bf16", "cuda").fairseq_bf16
+    assert P.resolve("fp32", "cpu", cpuinfo=INTEL_AMX) == P.Precision("fp32", False, "fp32")
+
+
+def test_the_self_check_runs_here():
+    """On this machine the real check either passes or names why (never raises)."""
+    from lnexp.train.precision import self_check
+
+    result = self_check()
+    assert result is None or isinstance(result, str) and result
+
+
+def test_autocast_keeps_attention_and_norms_fp32_and_matmuls_bf16():
+    import torch.nn.functional as F
+
+    from lnexp.train.precision import autocast_context
+
+    x = torch.randn(2, 4, 6, 8, requires_grad=True)
+    w = torch.randn(8, 8)
+    with autocast_context():
+        h = F.linear(x, w)
+        att = F.scaled_dot_product_attention(h, h, h)
+        ln = F.layer_norm(h, (8,))
+        rms = torch.nn.RMSNorm(8)(h)
+    assert h.dtype == torch.bfloat16
+    assert att.dtype == ln.dtype == rms.dtype == torch.float32
+    (att.sum() + ln.sum() + rms.sum()).backward()
+    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
+
+
+def losses(run_dir):
+    with open(run_dir / "updates.csv") as f:
+        return [float(r["loss"]) for r in csv.DictReader(f)]
+
+
+def test_bf16_autocast_trains_like_fp32_and_says_so(small_multi30k, tmp_path, monkeypatch, caplog):
+    """lnexp's loop with precision=bf16 on CPU: 2 updates whose losses equal fp32's to bf16's
+    tolerance; weights and optimizer stay fp32; run.json and the first log line say which."""
+    import json
+    import logging
+
+    from lnexp.probes import compose_config
+    from lnexp.train import precision as P
+    from lnexp.train.loop import train_run
+
+    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    monkeypatch.setattr(P, "self_check", lambda: None)  # the path itself, on any CPU
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, "max_epoch=1", "max_update=2",
+                              "eval.subset=5", f"precision={precision}"])
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="lnexp.train"):
+            status = train_run(cfg, tmp_path / precision)
+        assert status["status"] == "done" and status["updates"] == 2
+        said = [r.getMessage() for r in caplog.records if r.name == "lnexp.train"]
+        first = next(m for m in said if not m.startswith("threads:"))  # the run's first line
+        runs[precision] = (losses(tmp_path / precision), first,
+                           json.loads((tmp_path / precision / "run.json").read_text()))
+    (l32, first32, run32), (l16, first16, run16) = runs["fp32"], runs["bf16"]
+    assert l16 == pytest.approx(l32, rel=1e-2) and l16 != l32  # bf16 really ran, and agrees
+    assert first32 == "precision: fp32" and first16.startswith("precision: bf16 autocast on CPU")
+    assert run16["precision"]["autocast"] is True and run32["precision"]["name"] == "fp32"
+    assert run16["fairseq_flags"].get("bf16") == "False"  # fairseq's trainer and optimizer: fp32
+    assert run16["stock_fairseq_train"] is None  # stock fairseq has no such path
+    state = torch.load(tmp_path / "bf16" / "checkpoints" / "checkpoint_last.pt", weights_only=False)
+    assert {v.dtype for v in state["model"].values() if v.is_floating_point()} == {torch.float32}

@@ -128,3 +128,45 @@ def test_bench_sharing_quick_prints_the_table_and_the_threads_taken(small_multi3
     assert row[0] == "1" and positive(row[1]) and positive(row[3]) and number(row[5]) == 1.0
     cores = len(os.sched_getaffinity(0))  # alone, with OMP_NUM_THREADS unset: every core
     assert row[6] == f"{cores} (all {cores} cores, no other lnexp training on this host)"
+
+
+@pytest.fixture(scope="module")
+def bf16_cpu():
+    """Explicit precision=bf16 stops where this CPU fails lnexp's bf16 self-check: skip there."""
+    from lnexp.train.precision import self_check
+
+    why = self_check()
+    if why is not None:
+        pytest.skip(f"bf16 self-check fails on this CPU: {why}")
+
+
+def test_bench_train_fast_paths_print_updates_per_second_against_fp32(small_multi30k, bench_env,
+                                                                     bf16_cpu):
+    out = run_script("bench_train.py", "--quick", "--interleaved", "--no-stock", "--fast", "bf16",
+                     "--models", "mini", "--placements", "post_ln", *data_args(small_multi30k),
+                     env=bench_env)
+    assert [r[2] for r in table_rows(out, "model", "placement")] == ["lnexp", "bf16"]
+    (row,) = table_rows(out, "model", "placement", "path")
+    assert row[:3] == ["mini", "post_ln", "bf16"] and row[-1] == ">= 2.0"
+    assert positive(row[3]) and positive(row[4]) and positive(row[5])
+
+
+def test_profile_step_cell_splits_a_cell_by_phase(small_multi30k, bench_env):
+    out = run_script("profile_step.py", "--quick", "--cell", "--precision", "auto",
+                     *data_args(small_multi30k), env=bench_env)
+    assert "# precision: bf16 autocast on CPU (precision=auto" in out or "# precision: fp32 (" in out
+    rows = {r[0]: r for r in table_rows(out, "phase")}
+    for phase in ("start-up (imports, config, data, model, trainer)", "forward + loss", "backward",
+                  "optimizer (clip + step)", "validation loss (whole valid set)"):
+        assert positive(rows[phase][2]), phase
+    shares = [number(r[3]) for name, r in rows.items() if name != "cell (extrapolated)"]
+    assert sum(shares) == pytest.approx(1.0, abs=0.01)
+
+
+def test_precision_check_quick_compares_fp32_and_bf16(small_multi30k, bench_env, bf16_cpu):
+    out = run_script("precision_check.py", "--quick", *data_args(small_multi30k), env=bench_env)
+    grads = table_rows(out, "placement", "seed")
+    assert [r[0] for r in grads] == ["post_ln", "pre_ln", "peri_ln"]
+    assert all(0 <= number(r[4]) < 0.2 for r in grads)  # bf16 gradient norms near fp32's
+    cells = table_rows(out, "cell", "precision")
+    assert [r[1] for r in cells] == ["fp32", "bf16"] and all(r[3] == "4" for r in cells)

@@ -50,10 +50,13 @@ def test_mini_default_and_stock_equivalent_flags():
     assert stock_flags(fairseq_flags(compose("placement=peri_ln"), device="cpu")) is None
 
 
-def test_precision_needs_a_gpu():
+def test_fp16_needs_a_gpu_and_bf16_on_cpu_is_not_fairseqs():
     from lnexp.errors import ConfigError
     from lnexp.train.settings import fairseq_flags
 
     with pytest.raises(ConfigError, match="needs a GPU"):
-        fairseq_flags(compose("precision=bf16"), device="cpu")
+        fairseq_flags(compose("precision=fp16"), device="cpu")
     assert fairseq_flags(compose("precision=bf16"), device="cuda")["bf16"] is True
+    # on CPU bf16 is lnexp's autocast (tests/test_precision.py): fairseq itself runs fp32
+    assert fairseq_flags(compose("precision=bf16"), device="cpu")["bf16"] is False
+    assert fairseq_flags(compose("precision=auto"), device="cuda")["bf16"] is False

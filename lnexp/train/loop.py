@@ -25,7 +25,7 @@ from lnexp import rundir
 from lnexp.rundir import read_json, run_paths
 from lnexp.runtime import runlock
 from lnexp.runtime.sharing import Sharing
-from lnexp.train import settings
+from lnexp.train import precision, settings
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import FINAL, OtherRank, Rank0
 from lnexp.train.settings import RunSetup
@@ -87,6 +87,13 @@ class Training:
         from the checkpoint the run resumes from with lnexp's state; rank 0 describes the run."""
         self.setup, self.sharing = setup, sharing
         self.task, model, _, self.trainer = fa.build_trainer(setup.fcfg)
+        if setup.precision.autocast:  # bf16 on CPU: forward + loss under autocast
+            fa.autocast_forward(self.trainer, precision.autocast_context)
+        self.step = fa.train_step
+        if setup.compile:  # falls back to the eager layers, saying why, if compiling fails
+            from lnexp.train.compiling import CompiledLayers
+
+            self.step = CompiledLayers(model).step
         # a fresh run starts from its scheme's initialisation (Admin's profiling pass sets gains)
         extra, self.epoch_itr, profiled = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from,
                                                             self.task)
@@ -128,7 +135,7 @@ class Training:
         for samples in itr:
             lr = trainer.get_lr()
             self.sharing.refresh()
-            step = fa.train_step(trainer, samples)
+            step = self.step(trainer, samples)
             n = trainer.get_num_updates()
             if step is not None and step.get("overflow"):  # fp16: scale lowered, no update
                 state.overflows += 1

@@ -55,6 +55,8 @@ class Rank0:
         write_json(self.paths["run"], {
             "config": setup.config, "data": setup.data.__dict__,
             "device": setup.device, "torch_threads": torch.get_num_threads(),
+            "precision": {"name": setup.precision.name, "autocast": setup.precision.autocast,
+                          "why": setup.precision.why},
             "params": sum(p.numel() for p in model.parameters()),
             "profiled_init": state.profiled_init,  # Admin's gains, as the fresh run set them
             "fairseq_flags": {k: str(v) for k, v in setup.fairseq.flags.items()},
@@ -206,6 +208,7 @@ def _log_start(setup: RunSetup, n: int, epoch_itr, history: list[dict[str, Any]]
     """Say whether the run starts, resumes (from which update and epoch) or is extended."""
     run_dir = setup.run_dir
     before = rundir.effective_status(before) if before else {}
+    log.info("precision: %s", setup.precision.why)
     if n == 0:
         log.info("%s: starting", run_dir)
     elif before.get("status") in FINAL:

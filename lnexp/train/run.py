@@ -64,6 +64,10 @@ def check_overrides(argv: list[str]) -> Path:
             config.validate(cfg)
             check_available(cfg.dataset)
             fairseq_flags(cfg, 1, resolve_device(cfg))  # precision/device fit this machine
+            if cfg.precision == "bf16":  # on CPU: its self-check passes here
+                from lnexp.train.precision import resolve
+
+                resolve("bf16", resolve_device(cfg))
     return Path(cfg.runs_root)
 
 

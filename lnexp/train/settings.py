@@ -22,6 +22,8 @@ from lnexp import fairseq_adapter as fa
 from lnexp.errors import ConfigError
 from lnexp.names import ARCH_SIZES, arch_flags
 from lnexp.scheme import Norm, Placement, placement_of
+from lnexp.train.precision import Precision
+from lnexp.train.precision import resolve as resolve_precision
 
 # lnexp's architectures that stock fairseq registers under another name (same sizes, same init)
 STOCK_ARCHS = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
@@ -82,6 +84,8 @@ class RunSetup:
     world_size: int
     tokens_per_update_max: int
     resume_from: Path | None  # the checkpoint the run resumes from (None: a fresh start)
+    precision: Precision  # what the run computes in (precision=auto resolved on this machine)
+    compile: bool  # compile=true: layers under torch.compile (lnexp.train.compiling)
 
     @property
     def data(self) -> Any:
@@ -99,7 +103,9 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
     from lnexp import rundir
 
     device = resolve_device(cfg)
-    stock = stock_flags(fairseq_flags(cfg, 1, device))  # (None for schedule=linear)
+    precision = resolve_precision(str(cfg.precision), device)
+    # (None for schedule=linear, and for CPU autocast: stock fairseq has no such path)
+    stock = None if precision.autocast else stock_flags(fairseq_flags(cfg, 1, device))
     values = dict(
         run_dir=run_dir, paths=paths, config=OmegaConf.to_container(cfg, resolve=True),
         device=device, schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
@@ -123,7 +129,8 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
             ["fairseq-train", *fa.flags_to_argv(fs.data.bin_dir, stock)]),
         master=fa.is_master(fs.config), world_size=world,
         tokens_per_update_max=world * tokens_per_rank,
-        resume_from=rundir.resume_checkpoint(paths))
+        resume_from=rundir.resume_checkpoint(paths), precision=precision,
+        compile=bool(cfg.get("compile", False)))
 
 
 def schedule_in_force(cfg: DictConfig) -> str:
@@ -152,8 +159,8 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
                   device: str = "cpu") -> dict[str, Any]:
     """The fairseq-train options of this run (without the data directory)."""
     opt, sched, scale = cfg.optimizer, cfg.schedule, cfg.scale
-    if cfg.precision != "fp32" and device != "cuda":
-        raise ConfigError(f"precision={cfg.precision} needs a GPU: use precision=fp32 on CPU")
+    if cfg.precision == "fp16" and device != "cuda":
+        raise ConfigError("precision=fp16 needs a GPU: use precision=fp32 or bf16 on CPU")
     placement, norm = model_scheme(cfg)
     flags: dict[str, Any] = dict(
         task="translation", source_lang=cfg.dataset.src, target_lang=cfg.dataset.tgt,
@@ -169,7 +176,9 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
         lr_scheduler="lnexp", schedule=sched.name, warmup_updates=int(cfg.warmup),
         max_tokens=int(scale.max_tokens), update_freq=int(scale.update_freq),
         max_epoch=int(cfg.max_epoch), seed=int(cfg.seed),
-        cpu=device == "cpu", bf16=cfg.precision == "bf16", fp16=cfg.precision == "fp16",
+        cpu=device == "cpu", fp16=cfg.precision == "fp16",
+        # bf16 on CPU is lnexp's autocast (lnexp.train.precision), not fairseq's whole-model cast
+        bf16=cfg.precision == "bf16" and device == "cuda",
         num_workers=0, required_batch_size_multiple=1,
     )
     flags.update(distributed_flags(cfg, device))
