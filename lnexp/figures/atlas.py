@@ -8,10 +8,11 @@ atlas.csv (one row per run), atlas_summary.csv (one row per cell), atlas_norms.c
 atlas_checks.json (the claims of Kim et al. 2025 and Kan et al. 2025, and whether our runs support
 them).
 
-A run ends in one of three states: ``trained``; ``plateau`` (status diverged, reason "plateau":
-its validation NLL is still within the margin of the unigram entropy, see
-lnexp/train/divergence.py); ``diverged`` (NaN/inf loss or gradient, or a non-finite valid loss).
-Runs not finished yet (running, failed, pending) are ``missing`` and leave their cell unknown.
+A run ends in one of three states (``lnexp.run_status.atlas_outcome`` of its status): ``trained``
+(status done or stopped: it ran its length); ``plateau`` (status plateau: its validation NLL is
+still within the margin of the unigram entropy, see lnexp/train/divergence.py); ``diverged``
+(NaN/inf loss or gradient, or a non-finite valid loss). Runs not finished yet (running, failed,
+interrupted, pending) are ``missing`` and leave their cell unknown.
 A cell is stable when every seed trained; it fails when any seed plateaued or diverged.
 """
 
@@ -30,6 +31,7 @@ from lnexp.figures.figure import Figure
 from lnexp.figures.measured import write_csv
 from lnexp.names import PLACEMENTS
 from lnexp.results import Run
+from lnexp.run_status import atlas_outcome
 from lnexp.rundir import run_paths, write_text
 
 OUTCOMES = ("trained", "plateau", "diverged", "missing")
@@ -56,15 +58,8 @@ FIGURE = Figure(
 
 
 def outcome(run: Run) -> str:
-    """trained | plateau | diverged | missing (see the module docstring)."""
-    reason = str((run.diverged or {}).get("reason", ""))
-    if reason.startswith("non-finite") or (run.metrics and not math.isfinite(R.final(run, "valid_loss"))):
-        return "diverged"
-    if reason.startswith("plateau"):
-        return "plateau"
-    if run.state == "done" and run.metrics:
-        return "trained"
-    return "missing"
+    """trained | plateau | diverged | missing: lnexp.run_status.atlas_outcome of the run's status."""
+    return atlas_outcome(run.state, R.final(run, "valid_loss") if run.metrics else None)
 
 
 def _key(run: Run) -> tuple[str, float, int, float]:
