@@ -404,6 +404,7 @@ BOUNDS: dict[str, Bound] = {
     "checkpoint.keep_last_epochs": Bound(0, note="0 keeps no epoch checkpoints"),
     "divergence.plateau_epoch": Bound(1),
     "divergence.plateau_margin": Bound(0, unit="bits", whole=False),
+    "divergence.plateau_min_updates": Bound(0, unit="updates", note="0 = no minimum"),
     "norm.alpha0": Bound(0, above=True, whole=False),
     "depth.encoder_layers": Bound(1, MAX_LAYERS, unit="layers"),
     "depth.decoder_layers": Bound(1, MAX_LAYERS, unit="layers"),

@@ -1,12 +1,15 @@
 """``lnexp results``: the table of runs under a runs root, and the Python API figures read runs through.
 
-    lnexp results [KEY=VALUE ...] [--runs-root DIR] [--group-by KEY[,KEY]] [--csv [PATH|-]]
+    lnexp results [RUNS_ROOT] [KEY=VALUE ...] [--group-by KEY[,KEY]] [--csv [PATH|-]]
 
 A run is a directory holding ``.hydra/config.yaml`` or ``status.json`` (what ``lnexp train`` writes).
 Its configuration comes from ``run.json`` (resolved) or else Hydra's ``.hydra/config.yaml``; its
-state from ``status.json``; its curves from ``metrics.jsonl``. Filters match table columns
-(``placement=post_ln status=diverged experiment=fig2_mini``) or dotted config keys
-(``dataset.name=multi30k``); numbers compare as numbers (``lr=1e-3`` matches ``lr=0.001``); a key
+state from ``status.json``, in the words of ``lnexp.run_status`` (done, stopped, plateau, diverged,
+failed, running, interrupted, pending; a folder of an older lnexp is read in today's words), which
+the ``note`` column spells out (``stopped at 64 updates, 1/2 epochs``); its curves from
+``metrics.jsonl``. The runs root is ``runs`` unless named (a folder, or ``--runs-root``). Filters
+match table columns (``placement=post_ln status=stopped experiment=fig2_mini``) or dotted config
+keys (``dataset.name=multi30k``); numbers compare as numbers (``lr=1e-3`` matches ``lr=0.001``); a key
 that is neither is an error. ``test_bleu`` is the latest ``lnexp evaluate`` of the test split
 (``RUN/eval/``), with the checkpoint it used. ``--group-by placement,warmup`` prints one row per
 group instead: n, the seeds, and the mean ± half-width of the 95% t-interval of each score
@@ -25,16 +28,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lnexp import run_status
 from lnexp.errors import ArgumentParser, UserError, cannot_write, output_file
 from lnexp.rundir import CHECKPOINTS, STATUS, effective_status, read_json, read_metrics, run_paths
 
 COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
            "lr", "warmup", "schedule", "depth", "params", "seed", "epochs", "max_epoch", "updates",
            "best_valid_loss", "best_bleu", "test_bleu", "test_checkpoint", "status", "diverged_update",
-           "diverged_reason", "error")
-# "interrupted": status.json says running (or interrupted) but its process is gone (Ctrl-C, SIGKILL,
-# OOM, a dead node: rundir.effective_status); re-running the same command resumes it.
-STATUSES = ("done", "diverged", "failed", "running", "interrupted", "pending")
+           "diverged_reason", "note", "error")
+# what each means: lnexp.run_status.MEANING. "interrupted": status.json says running (or
+# interrupted) but its process is gone (Ctrl-C, SIGKILL, OOM, a dead node:
+# rundir.effective_status); re-running the same command resumes it.
+STATUSES = run_status.STATUSES
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Run:
     overrides: list[str] = field(default_factory=list)
     params: int | None = None  # parameters of the model (run.json)
     test: dict[str, Any] | None = None  # the latest `lnexp evaluate` record of the test split
+    entropy: float | None = None  # unigram entropy of the training targets, bits (run.json)
 
     def get(self, dotted: str, default: Any = None) -> Any:
         node: Any = self.config
@@ -74,12 +80,35 @@ class Run:
         return name
 
     @property
+    def final(self) -> dict[str, Any]:
+        """status.json as it stands (a dead ``running`` is ``interrupted``), in today's words."""
+        status = effective_status(self.status)
+        max_epoch = self.get("max_epoch")
+        return run_status.normalise(status, int(max_epoch) if max_epoch is not None else None,
+                                    self._on_plateau_now())
+
+    def _on_plateau_now(self) -> bool | None:
+        """Whether the last validation is on the plateau by the run's own rule (None: unknown), for
+        the folders of older lnexp that kept a plateau seen at an earlier epoch."""
+        margin = self.get("divergence.plateau_margin")
+        nll = self.metrics[-1].get("valid_nll_loss") if self.metrics else None
+        if self.entropy is None or margin is None or nll is None:
+            return None
+        return float(nll) >= float(self.entropy) - float(margin)
+
+    @property
     def state(self) -> str:
-        return str(effective_status(self.status).get("status") or "pending")
+        return str(self.final.get("status") or "pending")
 
     @property
     def diverged(self) -> dict | None:
-        return self.status.get("diverged") or None
+        """The NaN/inf record of a diverged run (a plateau is not one: ``plateau``)."""
+        return self.final.get("diverged") or None
+
+    @property
+    def plateau(self) -> dict | None:
+        """The plateau rule's record of a run that ended on the plateau."""
+        return self.final.get("plateau") or None
 
     def series(self, key: str) -> list[float]:
         return [float(r[key]) if r.get(key) is not None else math.nan for r in self.metrics]
@@ -87,7 +116,8 @@ class Run:
     def row(self) -> dict[str, Any]:
         valid = [v for v in self.series("valid_loss") if math.isfinite(v)]
         bleu = [v for v in self.series("valid_bleu") if math.isfinite(v)]
-        div = self.diverged or {}
+        final = self.final
+        div, state = final.get("diverged") or {}, str(final.get("status") or "pending")
         enc, dec = self.get("depth.encoder_layers"), self.get("depth.decoder_layers")
         test = self.test or {}
         return {
@@ -103,9 +133,9 @@ class Run:
                            int(self.metrics[-1]["updates"]) if self.metrics else 0),
             "best_valid_loss": min(valid) if valid else None, "best_bleu": max(bleu) if bleu else None,
             "test_bleu": test.get("bleu"), "test_checkpoint": test.get("checkpoint"),
-            "status": self.state, "diverged_update": div.get("update"),
-            "diverged_reason": div.get("reason"),
-            "error": self.status.get("error") if self.state == "failed" else None,
+            "status": state, "diverged_update": div.get("update"),
+            "diverged_reason": div.get("reason"), "note": run_status.note(final) or None,
+            "error": self.status.get("error") if state == "failed" else None,
         }
 
 
@@ -133,7 +163,7 @@ def load_run(run_dir: Path, root: Path | None = None) -> Run:
     name = str(run_dir.relative_to(root)) if root is not None else run_dir.name
     return Run(run_dir, name, config, read_json(paths["status"], {}) or {},
                read_metrics(paths["metrics"]), [str(o) for o in overrides],
-               meta.get("params"), latest_evaluation(run_dir, "test"))
+               meta.get("params"), latest_evaluation(run_dir, "test"), meta.get("unigram_entropy_bits"))
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -200,7 +230,8 @@ def check_filter_keys(runs: list[Run], filters: dict[str, Any]) -> None:
         known = [*COLUMNS, *sorted({*schema, *(k for r in runs for k in dotted_keys(r.config))})]
         near = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean {near[0]}? " if near else ""
-        raise UserError(f"unknown filter key {key!r}: {hint}use a column ({', '.join(COLUMNS[1:-2])}) "
+        columns = [c for c in COLUMNS[1:] if c not in ("diverged_reason", "note", "error")]
+        raise UserError(f"unknown filter key {key!r}: {hint}use a column ({', '.join(columns)}) "
                         "or a dotted config key (e.g. dataset.name)")
 
 
@@ -213,6 +244,20 @@ def dotted_keys(node: Any, prefix: str = "") -> list[str]:
         keys.append(prefix + str(k))
         keys += dotted_keys(v, f"{prefix}{k}.")
     return keys
+
+
+def runs_root_of(items: list[str], given: Path | None) -> tuple[Path, list[str]]:
+    """The runs root and the filters among ``items``: without ``--runs-root`` (``given``), the first
+    word without ``=`` names the folder (default ``runs``); every other word is a filter."""
+    folder = next((i for i in items if "=" not in i), None) if given is None else None
+    if folder is None:
+        return (given if given is not None else Path("runs")), items
+    rest = list(items)
+    rest.remove(folder)
+    if not Path(folder).is_dir():
+        raise UserError(f"no runs root {folder}: name a folder of runs (lnexp results runs) or give "
+                        "filters as KEY=VALUE (e.g. placement=post_ln)")
+    return Path(folder), rest
 
 
 def parse_filters(items: list[str]) -> dict[str, str]:
@@ -242,14 +287,16 @@ def _count(n: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cols = [c for c in COLUMNS if c not in ("diverged_reason", "max_epoch", "test_checkpoint", "error")]
-    head = {"best_valid_loss": "best_valid", "diverged_update": "div_update", "residual_scale": "dt",
+    cols = [c for c in COLUMNS if c not in ("diverged_update", "diverged_reason", "max_epoch",
+                                            "test_checkpoint", "error")]
+    head = {"best_valid_loss": "best_valid", "residual_scale": "dt",
             "test_bleu": "test_bleu(ckpt)"}
     cells = [[head.get(c, c) for c in cols]]
     for r in rows:
         cell = [_fmt(r[c]) for c in cols]
         cell[cols.index("epochs")] = f"{r['epochs']}/{_fmt(r['max_epoch'])}"
         cell[cols.index("params")] = _count(r["params"])
+        cell[cols.index("note")] = r["note"] or ""
         if r["test_bleu"] is not None:
             cell[cols.index("test_bleu")] = f"{r['test_bleu']:.2f}({r['test_checkpoint']})"
         cells.append(cell)
@@ -339,13 +386,16 @@ def main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="losses in bits/token; best_bleu: sacreBLEU on the validation set; "
                                         "test_bleu: lnexp evaluate's latest on the test split")
-    ap.add_argument("filters", nargs="*", help="KEY=VALUE, e.g. placement=post_ln warmup=0 status=diverged")
-    ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (default: runs)")
+    ap.add_argument("filters", nargs="*", metavar="[RUNS_ROOT] KEY=VALUE",
+                    help="the folder of the runs (default: runs), then filters, e.g. placement=post_ln "
+                         "warmup=0 status=stopped")
+    ap.add_argument("--runs-root", type=Path, help="the folder of the runs, as RUNS_ROOT")
     ap.add_argument("--group-by", metavar="KEY[,KEY]",
                     help="one row per group (e.g. placement,warmup): n, seeds, mean ± 95%% t-interval")
     ap.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",
                     help="write CSV to PATH (or stdout with - or no value) instead of the table")
     args = ap.parse_args(argv)
+    args.runs_root, args.filters = runs_root_of(args.filters, args.runs_root)
     if args.csv not in (None, "-"):
         output_file(args.csv, "--csv", "runs.csv")
     filters = parse_filters(args.filters)

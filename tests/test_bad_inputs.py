@@ -54,6 +54,8 @@ CASES = [
     ("train placement.embed_norm=maybe", "placement.embed_norm='maybe' is not true or false"),
     ("train divergence.stop=2", "divergence.stop=2 is not true or false"),
     ("train divergence.plateau_margin=abc", "is not a number"),
+    ("train divergence.plateau_min_updates=-1",
+     "divergence.plateau_min_updates=-1 must be a whole number of updates >= 0 (0 = no minimum)"),
     ("train distributed.backend=glo", "distributed.backend='glo' is not one of auto, gloo, nccl"),
     ("train distributed.port=70000", "must be a whole number <= 65535"),
     ("train eval=5", "eval holds keys (beam, lenpen, max_sentences, subset), not a value"),

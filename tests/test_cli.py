@@ -62,7 +62,7 @@ def test_results_unknown_status_is_one_line(tmp_path):
     (tmp_path / "runs").mkdir()
     proc = lnexp_cmd("results", "status=runing", "--runs-root", str(tmp_path / "runs"),
                      cache=tmp_path / "c", check=False)
-    assert proc.returncode == 2 and "not one of done, diverged" in proc.stderr
+    assert proc.returncode == 2 and "not one of done, stopped, plateau, diverged" in proc.stderr
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ def assert_one_run_folder(dp: Path) -> None:
     run = json.loads((dp / "run.json").read_text())
     assert run["world_size"] == 2 and run["fairseq_flags"]["distributed_world_size"] == "2"
     assert run["fairseq_flags"]["distributed_backend"] == "gloo"
-    assert json.loads((dp / "status.json").read_text())["status"] == "done"
+    assert json.loads((dp / "status.json").read_text())["status"] == "stopped"  # max_update=10
     assert len((dp / "metrics.jsonl").read_text().splitlines()) == 1  # BLEU once, not per rank
     assert sorted(p.name for p in (dp / "hyps").iterdir()) == ["valid.ref", "valid_epoch001.txt"]
     assert len(list((dp / "tb").glob("events.*"))) == 1  # rank 0's TensorBoard only
@@ -126,7 +126,7 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes_with_another_world_size
     kept = updates(run_dir)  # the rows of the last checkpoint
     assert kept and len(kept) < 30
     lnexp_main("train", *args, "distributed.world_size=1", cache=tmp_path / "cache")  # in-process
-    assert json.loads((run_dir / "status.json").read_text())["status"] == "done"
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "stopped"  # max_update=30
     rows = updates(run_dir)
     assert [int(r["update"]) for r in rows] == list(range(1, 31))
     assert rows[:len(kept)] == kept  # resumed from the checkpoint, not restarted

@@ -186,7 +186,7 @@ def test_plot_marks_diverged_runs_and_names_what_differs(tmp_path, capsys):
 
     root = tmp_path / "runs"
     fake_run(root, "post_w0", "x", warmup=0, valid=(9.0, 8.9), status="diverged",
-             diverged={"reason": "plateau", "update": 260, "epoch": 2})
+             diverged={"reason": "non-finite loss or gradient", "update": 260, "epoch": 2})
     fake_run(root, "pre_w0", "x", placement="pre_ln", warmup=0, valid=(8.0, 7.0))
     fake_run(root, "post_w100", "x", warmup=100, valid=(8.5, 7.5))
     (root / "post_w0").rename(root / "warmup=0")  # run folders are named by their overrides

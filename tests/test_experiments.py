@@ -116,7 +116,7 @@ def test_every_experiment_trains_two_updates_at_its_architecture(tmp_path, short
             "scale.update_freq=1", "max_update=2", "eval.subset=4", "eval.beam=2",
             "divergence.plateau_epoch=99"])  # 2 updates are on the plateau by design
         status = train_run(cfg, tmp_path / "runs" / name)
-        assert status["status"] == "done" and status["updates"] == 2, (name, status)
+        assert status["status"] == "stopped" and status["updates"] == 2, (name, status)
         run = json.loads((tmp_path / "runs" / name / "run.json").read_text())
         trained[name] = run["fairseq_flags"]["arch"]
         assert trained[name] == arch

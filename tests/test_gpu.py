@@ -40,7 +40,7 @@ def updates_csv(run_dir) -> list[dict[str, str]]:
 def test_half_precision_training_steps_on_the_gpu(tmp_path, small_multi30k, monkeypatch, precision):
     run_dir, status = train(tmp_path, small_multi30k, monkeypatch, f"precision={precision}", "max_update=8",
                             "log_interval=1")
-    assert status["status"] == "done" and status["updates"] == 8, status
+    assert status["status"] == "stopped" and status["updates"] == 8, status
     rows = updates_csv(run_dir)
     losses = [float(r["loss"]) for r in rows]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
@@ -79,7 +79,7 @@ def test_checkpoint_trained_on_gpu_evaluates_on_cpu(tmp_path, small_multi30k, mo
     from lnexp.cli import main
 
     run_dir, status = train(tmp_path, small_multi30k, monkeypatch, "precision=bf16", "max_update=6")
-    assert status["status"] == "done"
+    assert status["status"] == "stopped"
     capsys.readouterr()
     rc = main(["evaluate", str(run_dir), "--device", "cpu", "--split", "valid", "--checkpoint", "last",
                "--json"])

@@ -150,7 +150,7 @@ def test_fp16_overflow_in_a_run_is_logged_and_the_run_goes_on(small_multi30k, tm
     cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, "max_epoch=1", "max_update=5",
                           "eval.subset=10", "divergence.plateau_epoch=99"])
     status = train_run(cfg, tmp_path / "run")
-    assert status["status"] == "done" and status["updates"] == 5
+    assert status["status"] == "stopped" and status["updates"] == 5
     with open(tmp_path / "run" / "updates.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["update"] for r in rows] == ["1", "2", "3", "4", "5"]

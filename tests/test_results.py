@@ -1,4 +1,4 @@
-"""`lnexp results`: the table, filters and CSV; diverged and failed runs of a real sweep."""
+"""`lnexp results`: the table, filters and CSV; plateau and failed runs of a real sweep."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tests.test_figures_fig2_fig4 import fake_run
 @pytest.fixture
 def store(tmp_path):
     root = tmp_path / "runs"
+    # (as an older lnexp wrote a plateau: status diverged, its reason "plateau: ...")
     fake_run(root, "a", "fig2_mini", warmup=0, valid=(9.0, 8.9), bleu=(0.1, 0.2), status="diverged",
              diverged={"reason": "plateau: valid nll ...", "update": 260, "epoch": 2})
     fake_run(root, "b", "fig2_mini", warmup=100, valid=(8.0, 7.1), bleu=(2.0, 6.7))
@@ -33,7 +34,8 @@ def test_collect_runs_and_filters(store):
     assert [r.name for r in collect_runs(store)] == ["a", "b", "c", "d"]
     assert [r.name for r in collect_runs(store, placement="post_ln", warmup="0")] == ["a", "d"]
     assert [r.name for r in collect_runs(store, lr="1e-3")] == ["a", "b"]  # numbers as numbers
-    assert [r.name for r in collect_runs(store, status="diverged")] == ["a"]
+    assert [r.name for r in collect_runs(store, status="plateau")] == ["a"]  # read in today's words
+    assert collect_runs(store, status="diverged") == []
     assert [r.name for r in collect_runs(store, **{"dataset.name": "multi30k"})] == ["a", "b", "c"]
     row = collect_runs(store, experiment="fig2_mini", warmup=100)[0].row()
     assert row["best_valid_loss"] == 7.1 and row["best_bleu"] == 6.7 and row["epochs"] == 2
@@ -47,16 +49,23 @@ def test_results_cli_table_and_csv(store, tmp_path):
     lines = proc.stdout.splitlines()
     header = lines[0].split()
     for col in ("placement", "optimizer", "lr", "warmup", "schedule", "depth", "seed", "epochs",
-                "best_valid", "best_bleu", "status", "div_update"):
+                "best_valid", "best_bleu", "status", "note"):
         assert col in header
     row_a = next(ln for ln in lines if ln.startswith("a "))
-    assert "diverged" in row_a.split() and "260" in row_a.split()
+    assert row_a.endswith(" plateau  plateau at 260 updates, 2/2 epochs: valid nll ...")
     assert "failed" in next(ln for ln in lines if ln.startswith("d ")).split()
-    assert "1 done" not in lines[-1] and "2 done" in lines[-1] and "1 diverged" in lines[-1]
+    assert "1 done" not in lines[-1] and "2 done" in lines[-1] and "1 plateau" in lines[-1]
     out = tmp_path / "res.csv"
-    assert main(["--runs-root", str(store), "--csv", str(out), "status=diverged"]) == 0
+    assert main(["--runs-root", str(store), "--csv", str(out), "status=plateau"]) == 0
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
-    assert [(r["run"], r["status"], r["diverged_update"]) for r in rows] == [("a", "diverged", "260")]
+    assert [(r["run"], r["status"], r["diverged_update"]) for r in rows] == [("a", "plateau", "")]
+    assert rows[0]["note"] == "plateau at 260 updates, 2/2 epochs: valid nll ..."
+    # the runs root as a word, before or after the filters
+    assert lnexp_main("results", str(store), cache=tmp_path / "cache").stdout == proc.stdout
+    assert main(["status=plateau", str(store), "--csv", str(out)]) == 0
+    assert out.read_text() == to_csv_of(store, "plateau")
+    bad = lnexp_main("results", str(tmp_path / "nowhere"), cache=tmp_path / "cache", check=False)
+    assert bad.returncode == 2 and f"no runs root {tmp_path / 'nowhere'}: name a folder" in bad.stderr
     bad = lnexp_main("results", "--runs-root", str(store), "status=bogus", cache=tmp_path / "cache",
                      check=False)
     assert bad.returncode == 2 and "status='bogus'" in bad.stderr
@@ -65,30 +74,39 @@ def test_results_cli_table_and_csv(store, tmp_path):
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr
 
 
+def to_csv_of(root, status: str) -> str:
+    from lnexp.results import collect_runs, to_csv
+
+    return to_csv([r.row() for r in collect_runs(root, status=status)])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("launcher", [
     [], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "threads=1"],
     ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"]], ids=["basic", "joblib", "submitit"])
 def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, launcher):
     """One run fails at run time (batches too small for any sentence: fairseq raises), the other
-    diverges (plateau rule forced); the sweep goes on and `lnexp results` lists both. With joblib
-    or submitit the runs are in other processes, and the exit status still reports the failed one."""
+    ends on the plateau (the rule forced); the sweep goes on and `lnexp results` lists both. With
+    joblib or submitit the runs are in other processes, and the exit status still reports the
+    failed one."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     proc = lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
                      "eval.subset=4", "depth.encoder_layers=2", "depth.decoder_layers=2",
                      "scale.max_tokens=5,600",
                      "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
+                     "divergence.plateau_min_updates=0",
                      f"runs_root={runs}", *launcher, cache=cache, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status
     assert not list(runs.glob(".lnexp-failures-*"))  # the workers' failure file is cleaned up
     res = lnexp_main("results", "--runs-root", str(runs), "--csv", cache=cache)
     rows = {r["status"]: r for r in csv.DictReader(io.StringIO(res.stdout))}
-    assert set(rows) == {"failed", "diverged"}
-    assert rows["diverged"]["diverged_update"] == "3" and rows["diverged"]["epochs"] == "1"
-    assert rows["diverged"]["diverged_reason"].startswith("plateau")
-    table = lnexp_main("results", "--runs-root", str(runs), "status=diverged", cache=cache).stdout
+    assert set(rows) == {"failed", "plateau"}
+    assert rows["plateau"]["updates"] == "3" and rows["plateau"]["epochs"] == "1"
+    assert rows["plateau"]["note"].startswith("plateau at 3 updates, 1/2 epochs: valid nll ")
+    assert not rows["plateau"]["diverged_update"]  # a plateau is not a divergence
+    table = lnexp_main("results", "--runs-root", str(runs), "status=plateau", cache=cache).stdout
     line = table.splitlines()[1].split()
-    assert "diverged" in line and "3" in line
+    assert "plateau" in line and "3" in line
 
 
 def test_group_by_gives_seed_statistics_per_group(tmp_path, capsys):

@@ -179,7 +179,7 @@ def test_full_disk_stops_keeps_the_last_checkpoint_then_a_corrupt_one_falls_back
     assert f"{paths['last']} is damaged" in out.out + out.err + _log_text(run)
     assert "resuming from update 1" in out.out + out.err + _log_text(run)
     status = rundir.read_json(paths["status"])
-    assert status["status"] == "done" and status["updates"] == 4
+    assert status["status"] == "stopped" and status["updates"] == 4
     assert [int(r["update"]) for r in rundir.read_updates(paths["updates"])] == [1, 2, 3, 4]
 
 
@@ -219,5 +219,5 @@ def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
     assert first.returncode == 0, out[-3000:]
     (run,) = runs.iterdir()
     status = rundir.read_json(rundir.run_paths(run)["status"])
-    assert status["status"] == "done" and status["updates"] == 4
+    assert status["status"] == "stopped" and status["updates"] == 4
     assert "threads: 1 (threads=1 given)" in out

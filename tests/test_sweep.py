@@ -58,14 +58,14 @@ def test_killed_sweep_resumes_without_redoing_and_matches_uninterrupted(tmp_path
     status = json.loads((second / "status.json").read_text())
     assert status["status"] == "running"  # killed mid-run
     (first,) = [d for d in runs.iterdir() if d.is_dir() and "seed=" not in d.name]  # seed=1: default
-    assert json.loads((first / "status.json").read_text())["status"] == "done"
+    assert json.loads((first / "status.json").read_text())["status"] == "stopped"
     before = {f: (first / f).stat().st_mtime_ns for f in ("status.json", "metrics.jsonl", "updates.csv")}
 
     again = lnexp_main(*argv, cache=cache)  # a new launch of the same sweep: the restart
     logs = "".join(f.read_text() for f in first.glob("*.log")) + again.stdout + again.stderr
-    assert "already done at epoch 1, skipping" in logs
+    assert "already stopped at 8 updates, 1/50 epochs: max_update=8, skipping" in logs
     assert {f: (first / f).stat().st_mtime_ns for f in before} == before  # not redone
-    assert json.loads((second / "status.json").read_text())["status"] == "done"
+    assert json.loads((second / "status.json").read_text())["status"] == "stopped"
 
     ref_root = tmp_path / "ref"
     lnexp_main("train", *common, "seed=2", f"runs_root={ref_root}", cache=cache)
@@ -117,4 +117,4 @@ def test_submitit_local_launcher(tmp_path, small_multi30k):
     from lnexp.results import collect_runs
 
     (run,) = collect_runs(runs)
-    assert run.state == "done" and run.status["updates"] == 3
+    assert run.state == "stopped" and run.status["updates"] == 3

@@ -160,7 +160,10 @@ def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi3
     proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
                      "max_epoch=3", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={runs}",
                      cache=peri_radam_run.parents[1] / "cache")
-    assert "extending the done run (2 epochs" in proc.stdout + proc.stderr
+    n = json.loads(before[-1])["updates"]
+    first = proc.stdout.strip().splitlines()[0]  # the run's first line says what it continues
+    assert first.endswith(f"{runs / peri_radam_run.name}: extends the earlier run from update {n} (it was "
+                          f"done at {n} updates, 2 epochs) to max_epoch=3; metrics.jsonl is appended to")
     assert [d.name for d in runs.iterdir()] == [peri_radam_run.name]
     after = (runs / peri_radam_run.name / "metrics.jsonl").read_text().splitlines()
     assert after[:2] == before and json.loads(after[2])["epoch"] == 3
@@ -182,7 +185,12 @@ def test_run_state_reads_the_checkpoint_dict_of_every_version():
     assert state.history == old["history"] and state.overflows == 0
     assert state.checkpoint_update() == 6  # no saved_update: the last epoch's
     assert state.to_checkpoint() == {**old, "overflows": 0, "saved_update": None, "signature": None,
-                                     "profiled_init": None}
+                                     "profiled_init": None, "plateau": None, "left_plateau": None}
+    # an older checkpoint's plateau was "diverged": it resumes as the plateau verdict, no divergence
+    seen = RunState.from_checkpoint({"lnexp": {**old, "diverged": {
+        "reason": "plateau: valid nll 9.07 bits >= unigram entropy 7.49 - 0.5", "update": 16, "epoch": 2}}})
+    assert seen.diverged is None and seen.plateau == {
+        "reason": "valid nll 9.07 bits >= unigram entropy 7.49 - 0.5", "update": 16, "epoch": 2}
     assert RunState.from_checkpoint(None) == RunState()
     assert RunState.from_checkpoint({"lnexp": state.to_checkpoint()}) == state
 
@@ -233,19 +241,102 @@ def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k):
     assert run.state == "interrupted" and run.status["resumes_from"] >= 2
 
 
-def test_a_plateau_without_stop_trains_and_validates_every_epoch(tmp_path, small_multi30k):
-    """divergence.stop=false: a run found on the plateau (forced here by a 100-bit margin) goes on to
-    max_epoch and validates each epoch; it used to train the next epoch and end before validating it."""
+def test_a_short_run_ends_done_not_diverged_and_a_plateau_without_stop_trains_on(tmp_path, small_multi30k):
+    """A run too short for the plateau rule (18 updates < divergence.plateau_min_updates) ends done,
+    however far from trained (a 100-bit margin puts every loss on the plateau), and says so; once the
+    rule applies (plateau_min_updates=0) it ends plateau, never diverged, judged by its last epoch,
+    and with divergence.stop=false (the default) it trained and validated every epoch."""
+    from lnexp.results import collect_runs
     from tests.conftest import TINY, lnexp_main
 
     # TINY's model and data; few other keys, so that the run folder's name stays a legal file name
     over = [o for o in TINY if o.startswith(("dataset.", "depth."))]
-    lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "max_epoch=3",
-               "divergence.plateau_epoch=1", "divergence.plateau_margin=100",  # stop=false: the default
+    runs = tmp_path / "runs"
+    for extra in ([], ["divergence.plateau_min_updates=0"]):
+        lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "max_epoch=3",
+                   "divergence.plateau_epoch=1", "divergence.plateau_margin=100", *extra,
+                   f"runs_root={runs}", cache=tmp_path / "cache")
+    short, judged = sorted(collect_runs(runs), key=lambda r: "plateau_min_updates" in r.name)
+    assert [r["epoch"] for r in judged.metrics] == [1, 2, 3]
+    n = judged.metrics[-1]["updates"]
+    assert short.state == "done" and short.status["plateau"] is None and short.diverged is None
+    assert short.row()["note"] == (f"plateau rule not applied: {n} updates < "
+                                   "divergence.plateau_min_updates=100")
+    assert judged.state == "plateau" and judged.diverged is None and not judged.status["ended_early"]
+    assert judged.plateau["epoch"] == 3 and judged.plateau["update"] == n  # the last verdict
+    assert judged.row()["note"].startswith(f"plateau at {n} updates, 3/3 epochs: valid nll ")
+
+
+def test_a_run_that_leaves_the_plateau_does_not_end_on_it(tmp_path, small_multi30k, tiny_run,
+                                                          monkeypatch):
+    """The plateau verdict of each epoch replaces the one before: with the plateau put between the
+    first and the last epoch's loss of the same training (tiny_run's), the run is on it after epoch 1
+    and ends done, off it, saying where it left it."""
+    from lnexp.results import load_run
+    from lnexp.train import divergence
+    from tests.conftest import TINY, lnexp_main
+
+    before = load_run(tiny_run).metrics
+    first, last = before[0]["valid_nll_loss"], before[-1]["valid_nll_loss"]
+    assert first - last > 0.05  # the plateau fits between them
+    monkeypatch.setattr(divergence, "unigram_entropy_bits", lambda *a, **k: (first + last) / 2)
+    over = [o for o in TINY if not o.startswith("divergence.")]
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "divergence.plateau_epoch=1",
+               "divergence.plateau_margin=0", "divergence.plateau_min_updates=0",
+               f"runs_root={tmp_path / 'runs'}", cache=tiny_run.parents[1] / "cache")
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    run = load_run(run_dir)
+    assert [r["valid_nll_loss"] for r in run.metrics] == pytest.approx([first, last], abs=0.01)
+    assert run.state == "done" and run.plateau is None and run.diverged is None
+    assert run.status["left_plateau"] == {"update": run.metrics[-1]["updates"], "epoch": 2}
+    assert run.row()["note"] == f"left the unigram plateau at update {run.metrics[-1]['updates']}, epoch 2"
+
+
+def test_a_nan_run_ends_diverged(tmp_path, small_multi30k):
+    """lr=1e30 makes the weights, then the loss, non-finite within the first updates: the run stops
+    there, diverged (the atlas counts it as a failure)."""
+    from lnexp.figures.atlas import outcome
+    from lnexp.results import collect_runs
+    from tests.conftest import lnexp_main
+
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *SMALL, "depth.encoder_layers=1",
+               "depth.decoder_layers=1", "lr=1e30", "warmup=0", "schedule=constant", "max_update=6",
                f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache")
-    (run,) = (tmp_path / "runs").iterdir()
-    epochs = [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()]
-    status = json.loads((run / "status.json").read_text())
-    assert epochs == [1, 2, 3]
-    assert status["status"] == "diverged" and status["diverged"]["reason"].startswith("plateau")
-    assert status["diverged"]["epoch"] == 1 and not status["stopped"]
+    (run,) = collect_runs(tmp_path / "runs")
+    assert run.state == "diverged" and run.status["ended_early"] and run.plateau is None
+    assert run.diverged["reason"] == "non-finite loss or gradient" and run.diverged["update"] <= 6
+    assert outcome(run) == "diverged"
+    assert run.row()["note"].startswith(f"diverged at update {run.diverged['update']}, epoch 1: ")
+
+
+def test_a_trial_run_says_stopped_and_the_full_run_extends_it(tmp_path, small_multi30k, tiny_run):
+    """max_update does not name the run: a trial run of 3 updates takes the folder of the real run,
+    so `lnexp results` says it stopped short, and the real run's first line says that it extends
+    that one from update 3."""
+    from lnexp.results import main as results
+    from tests.conftest import TINY, lnexp_main
+
+    runs, cache = tmp_path / "runs", tiny_run.parents[1] / "cache"
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", f"runs_root={runs}",
+               cache=cache)
+    (run_dir,) = runs.iterdir()
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "stopped" and status["updates"] == 3 and not status["last_epoch_complete"]
+    listed = lnexp_main("results", str(runs), cache=cache).stdout  # the runs root given as a word
+    (row,) = [line for line in listed.splitlines() if line.startswith(run_dir.name)]
+    assert row.endswith(" stopped  stopped at 3 updates, 1/2 epochs: max_update=3")
+    assert listed.splitlines()[-1].startswith("1 runs: 1 stopped")
+    assert results([str(runs), "status=stopped", "--csv", str(tmp_path / "r.csv")]) == 0
+    assert [r["note"] for r in csv.DictReader(open(tmp_path / "r.csv"))] == [
+        "stopped at 3 updates, 1/2 epochs: max_update=3"]
+    # (in processes of their own: their output is what a user reads; Hydra logs to stdout)
+    again = lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3",
+                      f"runs_root={runs}", cache=cache).stdout
+    assert "already stopped at 3 updates, 1/2 epochs: max_update=3, skipping" in again
+    full = lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={runs}", cache=cache)
+    first = full.stdout.strip().splitlines()[0]
+    assert first.endswith(f"{run_dir}: extends the earlier run from update 3 (it was stopped at 3 "
+                          "updates, 1/2 epochs: max_update=3) to max_epoch=2; metrics.jsonl is appended to")
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "done" and status["epoch"] == 2 and status["last_epoch_complete"]
+    assert status["updates"] == json.loads((tiny_run / "status.json").read_text())["updates"]

@@ -79,4 +79,4 @@ def test_wheelhouse_installs_offline_beside_an_existing_torch_and_trains(tmp_pat
                           capture_output=True, text=True, env=env, cwd=work, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     status = json.loads(next((tmp_path / "runs").glob("*/status.json")).read_text())
-    assert status["status"] == "done" and status["updates"] == 2
+    assert status["status"] == "stopped" and status["updates"] == 2

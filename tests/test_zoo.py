@@ -716,7 +716,7 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
         "depth.encoder_layers=4", "depth.decoder_layers=4", "max_update=2", "eval.subset=4",
         "eval.beam=2", "divergence.plateau_epoch=99"])
     run = tmp_path / "run"
-    assert train_run(cfg, run)["status"] == "done"
+    assert train_run(cfg, run)["status"] == "stopped"
     flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
     assert json.loads(flags["placement_spec"])["first_layers"]["fraction"] == 0.25
     assert json.loads(flags["placement_spec"])["structure"] == "resi_dual"
@@ -752,7 +752,7 @@ def test_admin_run_profiles_once_records_omega_and_its_checkpoint_carries_it(
             "scale.max_tokens=512", "depth.encoder_layers=2", "depth.decoder_layers=2",
             "eval.subset=4", "eval.beam=1", "divergence.plateau_epoch=99", "lr=1e-3"]
     run = tmp_path / "run"
-    assert train_run(config.compose([*base, "max_update=2"]), run)["status"] == "done"
+    assert train_run(config.compose([*base, "max_update=2"]), run)["status"] == "stopped"
     profiled = json.loads((run / "run.json").read_text())["profiled_init"]
     assert profiled["profile"] == "admin"
     omega = profiled["omega"]

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lnexp.results import Run
+from lnexp.run_status import ATLAS_OUTCOMES as OUTCOMES
+from lnexp.run_status import atlas_outcome
 from lnexp.rundir import run_paths
 
-OUTCOMES = ("trained", "plateau", "diverged", "missing")
 FAILED = ("plateau", "diverged")
 
 
@@ -29,15 +30,9 @@ def final(run: Run, key: str) -> float:
 
 
 def outcome(run: Run) -> str:
-    """trained | plateau | diverged | missing: the one reading of a run's status in the atlas."""
-    reason = str((run.diverged or {}).get("reason", ""))
-    if reason.startswith("non-finite") or (run.metrics and not math.isfinite(final(run, "valid_loss"))):
-        return "diverged"
-    if reason.startswith("plateau"):
-        return "plateau"
-    if run.state == "done" and run.metrics:
-        return "trained"
-    return "missing"
+    """trained | plateau | diverged | missing: the one reading of a run's status in the atlas
+    (lnexp.run_status.atlas_outcome of its status and last validation loss)."""
+    return atlas_outcome(run.state, final(run, "valid_loss") if run.metrics else None)
 
 
 def stable_of(outcomes: Iterable[str]) -> bool | None:

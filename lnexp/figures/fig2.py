@@ -201,7 +201,7 @@ def draw(panels: list[tuple[str, list[Run]]], scale: str):
             color = warm_colors[ws.index(int(r.get("warmup"))) % len(warm_colors)]
             line = ["-", "--", ":"][lrs.index(float(r.get("lr"))) % 3]
             marker = "o" if int(r.get("seed")) == 1 else "s"
-            label = _label(r, scale) + (" [diverged]" if r.state == "diverged" else "")
+            label = _label(r, scale) + (f" [{r.state}]" if r.state in ("diverged", "plateau") else "")
             for col, key in enumerate(("valid_loss", "valid_bleu")):
                 axes[row][col].plot(ep, r.series(key), line, color=color, marker=marker, ms=3,
                                     alpha=0.9 if int(r.get("seed")) == 1 else 0.6, label=label)

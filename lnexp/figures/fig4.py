@@ -18,6 +18,8 @@ from lnexp.figures.checks import Check, write_checks
 from lnexp.figures.figure import Figure
 from lnexp.results import Run
 
+FAILED = ("diverged", "plateau")  # the statuses a curve's label names
+
 FIGURE = Figure(
     "fig4", "convergence speed, Pre-LN without warm-up vs Post-LN (Fig. 4), from finished runs",
     "Convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)", order=4,
@@ -107,7 +109,7 @@ def draw(panels: list[tuple[str, list[Run]]]):
             marker = "o" if int(r.get("warmup")) == 0 else "^"
             for col, key in enumerate(("valid_loss", "valid_bleu")):
                 axes[row][col].plot(r.series("epoch"), r.series(key), ls, color=color, marker=marker,
-                                    ms=3, label=arm(r) + (" [diverged]" if r.state == "diverged" else ""))
+                                    ms=3, label=arm(r) + (f" [{r.state}]" if r.state in FAILED else ""))
         style.epoch_panels(axes[row][0], axes[row][1], title)
         if runs:
             axes[row][1].legend(fontsize=6, loc="best")

@@ -245,7 +245,7 @@ def _finished_runs(root: Path, cfg) -> dict[tuple[str, float], list[tuple[int, P
             key = (name, float(c["residual_scale"]))
         except (KeyError, TypeError, AttributeError, ValueError):
             continue
-        if same and status.get("status") == "done" and ckpt.is_file():
+        if same and status.get("status") in ("done", "stopped") and ckpt.is_file():  # ran its length
             found[key].append((int(status.get("updates") or 0), run_json.parent))
     return found
 

@@ -162,6 +162,7 @@ def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int, para
     ``sweep_dir`` x the epochs of this job and the ones after it, divided by the jobs run at once.
     Runs that finished since this sweep started (multirun.yaml's time) count alone once there are
     any: other runs in the folder (a 2-epoch demo beside 120-update atlas runs) differ per epoch."""
+    from lnexp.run_status import FINAL
     from lnexp.rundir import STATUS, read_json
 
     try:
@@ -171,7 +172,7 @@ def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int, para
     ours, others = [], []
     for status in Path(sweep_dir).glob(f"*/{STATUS}"):
         s = read_json(status, {}) or {}
-        if s.get("status") in ("done", "diverged") and s.get("wall_s") and s.get("epoch"):
+        if s.get("status") in FINAL and s.get("wall_s") and s.get("epoch"):
             mine = status.stat().st_mtime >= started
             (ours if mine else others).append(float(s["wall_s"]) / int(s["epoch"]))
     per_epoch = ours or others

@@ -1,12 +1,14 @@
-"""When a run counts as diverged.
+"""How a run's end is judged: diverged, or on the unigram plateau (lnexp.run_status has the words).
 
-1. Non-finite: the training loss or gradient norm becomes NaN or inf (fairseq raises
-   FloatingPointError). Recorded at that update; the run stops.
-2. Plateau: from epoch ``plateau_epoch`` on, the validation NLL is still within ``plateau_margin``
-   bits of the unigram entropy of the training targets, i.e. the model predicts no better than
-   word frequencies: the stall that Post-LN without warm-up shows (Xiong et al., Fig. 2). Recorded
-   at the last update of the epoch where it is first seen; the run goes on unless ``stop`` is set,
-   so that its curve can still be drawn.
+1. Diverged: the training loss or gradient norm becomes NaN or inf (fairseq raises
+   FloatingPointError), or a validation loss does. Recorded at that update; the run stops.
+2. Plateau: the validation NLL is still within ``plateau_margin`` bits of the unigram entropy of
+   the training targets, i.e. the model predicts no better than word frequencies: the stall that
+   Post-LN without warm-up shows (Xiong et al., Fig. 2). The rule applies at the end of an epoch
+   from epoch ``plateau_epoch`` and update ``min_updates`` on (before that no model has left the
+   plateau: being on it says nothing yet). Each epoch's verdict replaces the one before, so a run
+   that leaves the plateau later ends off it; a run ends ``plateau`` when its last verdict is, or
+   when ``divergence.stop`` ends it at the first one, to save the rest of its budget.
 """
 
 from __future__ import annotations
@@ -49,17 +51,39 @@ class PlateauRule:
     entropy_bits: float
     plateau_epoch: int = 2
     margin_bits: float = 0.5
+    min_updates: int = 0
 
     @classmethod
     def of_targets(cls, target_dataset, cache_file: Path | None, plateau_epoch: int,
-                   margin_bits: float) -> PlateauRule:
+                   margin_bits: float, min_updates: int = 0) -> PlateauRule:
         """The rule for a training set, its unigram entropy computed once (``cache_file``)."""
-        return cls(unigram_entropy_bits(target_dataset, cache_file), plateau_epoch, margin_bits)
+        return cls(unigram_entropy_bits(target_dataset, cache_file), plateau_epoch, margin_bits,
+                   min_updates)
 
-    def stuck(self, epoch: int, valid_nll_bits: float) -> bool:
-        if not math.isfinite(valid_nll_bits):
-            return True
-        return epoch >= self.plateau_epoch and valid_nll_bits >= self.entropy_bits - self.margin_bits
+    def applies(self, epoch: int, updates: int) -> bool:
+        """Whether the rule judges an epoch that ends at ``updates``."""
+        return epoch >= self.plateau_epoch and updates >= self.min_updates
+
+    def not_applied(self, epoch: int, updates: int) -> str | None:
+        """Why the rule has not judged a run that ended there (None if it has)."""
+        if epoch < self.plateau_epoch:
+            return f"not applied: {epoch} epochs < divergence.plateau_epoch={self.plateau_epoch}"
+        if updates < self.min_updates:
+            return (f"not applied: {updates} updates < divergence.plateau_min_updates="
+                    f"{self.min_updates}")
+        return None
+
+    def stuck(self, valid_nll_bits: float) -> bool:
+        """On the plateau: a (finite) validation NLL within the margin of the unigram entropy."""
+        return valid_nll_bits >= self.entropy_bits - self.margin_bits
+
+    def verdict(self, record: dict) -> dict | None:
+        """The plateau record of an epoch's validation (None: off the plateau)."""
+        nll = record["valid_nll_loss"]
+        if not self.stuck(nll):
+            return None
+        return {"reason": f"valid nll {nll:.2f} bits >= unigram entropy {self.entropy_bits:.2f} - "
+                          f"{self.margin_bits}", "update": record["updates"], "epoch": record["epoch"]}
 
 
 def non_finite(value: float | None) -> bool:

@@ -21,30 +21,47 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lnexp import fairseq_adapter as fa
-from lnexp import rundir
+from lnexp import run_status, rundir
 from lnexp.rundir import read_json, run_paths
 from lnexp.runtime import runlock
 from lnexp.runtime.sharing import Sharing
 from lnexp.train import precision, settings
 from lnexp.train.divergence import PlateauRule, non_finite
-from lnexp.train.rank0 import FINAL, OtherRank, Rank0
+from lnexp.train.rank0 import OtherRank, Rank0
 from lnexp.train.settings import RunSetup
 from lnexp.train.state import RunState, zero_sums
 
 log = logging.getLogger("lnexp.train")
+STEP_DIVERGED = f"{run_status.NON_FINITE} loss or gradient"  # the reason of a NaN/inf update
 
 
 def finished(run_dir: Path, max_epoch: int, max_update: int = 0) -> dict | None:
-    """The run's final status if it already went as far as asked; None if there is more to do
-    (a longer max_epoch or max_update extends a finished run in place)."""
-    status = read_json(run_paths(run_dir)["status"], {})
-    if status.get("status") == "diverged" and status.get("stopped"):
+    """The run's final status (normalised, lnexp.run_status) if it already went as far as asked;
+    None if there is more to do (a longer max_epoch or max_update extends a finished run in place).
+    A diverged run, or one that divergence.stop ended on the plateau, is never extended."""
+    status = run_status.normalise(read_json(run_paths(run_dir)["status"], {}) or {})
+    word = status.get("status")
+    if word == "diverged" or (word == "plateau" and status.get("ended_early")):
         return status
-    if status.get("status") in FINAL and (
-            status.get("epoch", 0) >= max_epoch
-            or (max_update and status.get("updates", 0) >= max_update)):
+    epochs = int(status.get("epoch") or 0) - (not status.get("last_epoch_complete", True))
+    if word in run_status.FINAL and (
+            epochs >= max_epoch or (max_update and status.get("updates", 0) >= max_update)):
         return status
     return None
+
+
+def extends(run_dir: Path, max_epoch: int, max_update: int) -> str | None:
+    """The line that says a launch extends an earlier, finished run (a trial run of the same
+    configuration with a shorter length, or a run given a longer one); None if it does not."""
+    before = read_json(run_paths(run_dir)["status"], {}) or {}
+    status = run_status.normalise(before, before.get("max_epoch"))
+    if status.get("status") not in run_status.FINAL:
+        return None
+    was = run_status.note(status) if status["status"] != "done" else \
+        f"done at {status.get('updates')} updates, {status.get('epoch')} epochs"
+    length = f"max_epoch={max_epoch}" + (f", max_update={max_update}" if max_update else "")
+    return (f"{run_dir}: extends the earlier run from update {status.get('updates')} (it was {was}) "
+            f"to {length}; {rundir.METRICS} is appended to")
 
 
 def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
@@ -55,10 +72,14 @@ def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
 
     done = finished(run_dir, int(cfg.max_epoch), int(cfg.max_update))
     if done is not None:
-        log.info("%s: already %s at epoch %s, skipping", run_dir, done["status"], done.get("epoch"))
+        log.info("%s: already %s, skipping", run_dir,
+                 run_status.note(done) or f"{done['status']} at epoch {done.get('epoch')}")
         return done
-    run_dir.mkdir(parents=True, exist_ok=True)
     rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 holds the run's lock
+    extension = extends(run_dir, int(cfg.max_epoch), int(cfg.max_update)) if rank0 else None
+    if extension:
+        log.info("%s", extension)  # the run's first line: a longer run continues this folder
+    run_dir.mkdir(parents=True, exist_ok=True)
     with runlock.hold(run_dir) if rank0 else contextlib.nullcontext():
         if on_start is not None:  # every rank: each has its own Hydra files and log handler
             on_start()
@@ -103,7 +124,8 @@ class Training:
         self.rank0 = Rank0(setup) if setup.master else OtherRank(setup)
         cache = Path(setup.data.bin_dir) / f"unigram_entropy.{setup.data.tgt}.json"
         self.rule = PlateauRule.of_targets(self.task.dataset("train").tgt, cache,
-                                           setup.plateau_epoch, setup.plateau_margin)
+                                           setup.plateau_epoch, setup.plateau_margin,
+                                           setup.plateau_min_updates)
         self.rank0.start(self.task, model, self.trainer, self.epoch_itr, self.state,
                          self.rule.entropy_bits)
         # perf_counter at the run's start, the time of the processes before this one included
@@ -141,7 +163,7 @@ class Training:
                 state.overflows += 1
                 continue
             if step is None or non_finite(step["loss"]):
-                state.diverged = {"reason": "non-finite loss or gradient", "update": n + 1,
+                state.diverged = {"reason": STEP_DIVERGED, "update": n + 1,
                                   "epoch": epoch}
                 return False
             row = {"update": n, "epoch": epoch, "lr": lr, **step, "overflows": state.overflows}
@@ -151,8 +173,8 @@ class Training:
                 break
             if setup.save_every and n % setup.save_every == 0 and not self.epoch_itr.end_of_epoch():
                 self._save(end_of_epoch=False)
-        # a plateau recorded at an earlier epoch with divergence.stop=false trains on: this epoch
-        # is validated like any other
+        # a plateau verdict of an earlier epoch with divergence.stop=false trains on: this epoch
+        # is validated, and judged, like any other
         return True
 
     def _end_of_epoch(self, epoch: int) -> bool:
@@ -166,15 +188,19 @@ class Training:
         if self.epoch_itr.end_of_epoch():  # else max_update stopped it: an extension goes on
             state.acc = zero_sums()
         trainer.lr_step(epoch, record["valid_loss"])
-        if state.diverged is None and rule.stuck(epoch, record["valid_nll_loss"]):
-            state.diverged = {"reason": f"plateau: valid nll {record['valid_nll_loss']:.2f} bits "
-                              f">= unigram entropy {rule.entropy_bits:.2f} - {rule.margin_bits}",
+        if not (math.isfinite(record["valid_loss"]) and math.isfinite(record["valid_nll_loss"])):
+            state.diverged = {"reason": f"{run_status.NON_FINITE} validation loss",
                               "update": record["updates"], "epoch": epoch}
+        elif rule.applies(epoch, record["updates"]):
+            verdict = rule.verdict(record)  # replaces the verdict of the epoch before
+            if state.plateau and verdict is None:
+                state.left_plateau = {"update": record["updates"], "epoch": epoch}
+            state.plateau = verdict
         stopped = bool(setup.max_update) and trainer.get_num_updates() >= setup.max_update
         self.rank0.epoch_done(record, stopped)
         self._save(end_of_epoch=True)
         self.rank0.keep_checkpoints(epoch, state.history)
-        if state.diverged and (setup.stop_on_plateau or not math.isfinite(record["valid_loss"])):
+        if state.diverged or (state.plateau and setup.stop_on_plateau):
             return True
         return stopped
 
@@ -188,18 +214,34 @@ class Training:
         self.rank0.checkpoint_saved(len(state.history), n)
 
     def _finish(self) -> dict[str, Any]:
-        """The run's final status (rank 0 writes it, and sacreBLEU's signature into run.json)."""
+        """The run's final status (rank 0 writes it, and sacreBLEU's signature into run.json): the
+        words of lnexp.run_status."""
         setup, state, n = self.setup, self.state, self.trainer.get_num_updates()
-        div = state.diverged
-        if div and div["reason"].startswith("non-finite"):
+        div, epochs = state.diverged, len(state.history)
+        if div and div["reason"] == STEP_DIVERGED:  # (a validation's was saved with its epoch)
             self._save(end_of_epoch=True)
-        status = {"status": "diverged" if div else "done", "epoch": len(state.history),
-                  "updates": n, "diverged": div,
-                  "stopped": bool(div) and len(state.history) < setup.max_epoch,
-                  "max_update_reached": bool(setup.max_update) and n >= setup.max_update,
+        reached, cut = bool(setup.max_update) and n >= setup.max_update, self._cut_short()
+        full = epochs >= setup.max_epoch and not cut
+        word = ("diverged" if div else "plateau" if state.plateau
+                else "stopped" if reached and not full else "done")
+        status = {"status": word, "epoch": epochs, "updates": n,
+                  "max_epoch": setup.max_epoch, "max_update": setup.max_update,
+                  "diverged": div, "plateau": state.plateau, "left_plateau": state.left_plateau,
+                  "ended_early": bool(div or state.plateau) and not full and not reached,
+                  "max_update_reached": reached, "last_epoch_complete": not cut,
                   "wall_s": round(time.perf_counter() - self.t0, 1)}
+        last = state.history[-1] if state.history else {"epoch": 0, "updates": n}
+        if not div and (why := self.rule.not_applied(last["epoch"], last["updates"])):
+            status["plateau_rule"] = why
         self.rank0.finish(status, state.signature)
         return status
+
+    def _cut_short(self) -> bool:
+        """Whether max_update ended the last epoch before its end."""
+        try:
+            return not self.epoch_itr.end_of_epoch()
+        except AttributeError:  # no epoch begun in this process: the checkpoint ends one
+            return False
 
 
 def _save_checkpoint(trainer, epoch_itr, state: RunState, paths: dict[str, Path]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lnexp import fairseq_adapter as fa
-from lnexp import rundir
+from lnexp import run_status, rundir
 from lnexp.rundir import read_json, write_json
 from lnexp.runtime import progress
 from lnexp.train.epoch_checkpoints import keep_epoch
@@ -27,7 +27,6 @@ from lnexp.train.state import RunState
 from lnexp.train.validation import BleuScorer, validation_loss
 
 log = logging.getLogger("lnexp.train")
-FINAL = ("done", "diverged")
 UNITS = {"loss": "bits/token (label-smoothed cross-entropy, base 2, as fairseq logs it)",
          "nll_loss": "bits/token (cross-entropy, base 2)", "bleu": "sacreBLEU (detokenised, 13a)",
          "bleu_tok": "BLEU on Moses-tokenised lowercased text (tokenize=none, multi-bleu style)",
@@ -47,7 +46,7 @@ class Rank0:
 
         n = trainer.get_num_updates()
         setup = self.setup
-        _log_start(setup, n, epoch_itr, state.history, read_json(self.paths["status"], {}))
+        _log_start(setup, n, epoch_itr, read_json(self.paths["status"], {}))
         self.runlog = RunLog(self.paths, n, tensorboard=True)
         self.scorer = BleuScorer(task, setup.data, **setup.eval)
         self.paths["hyps"].mkdir(exist_ok=True)
@@ -203,18 +202,16 @@ class OtherRank(Rank0):
         pass
 
 
-def _log_start(setup: RunSetup, n: int, epoch_itr, history: list[dict[str, Any]],
-               before: dict[str, Any]) -> None:
-    """Say whether the run starts, resumes (from which update and epoch) or is extended."""
+def _log_start(setup: RunSetup, n: int, epoch_itr, before: dict[str, Any]) -> None:
+    """Say whether the run starts or resumes (from which update and epoch); an extension of a
+    finished run was said before the lock was taken."""
     run_dir = setup.run_dir
     before = rundir.effective_status(before) if before else {}
     log.info("precision: %s", setup.precision.why)
     if n == 0:
         log.info("%s: starting", run_dir)
-    elif before.get("status") in FINAL:
-        log.info("%s: extending the %s run (%d epochs, %d updates) to max_epoch=%s%s; %s "
-                 "is appended to", run_dir, before["status"], len(history), n, setup.max_epoch,
-                 f", max_update={setup.max_update}" if setup.max_update else "", rundir.METRICS)
+    elif run_status.normalise(before).get("status") in run_status.FINAL:
+        pass  # an extension: lnexp.train.loop.extends said so in the run's first line
     else:
         into = epoch_itr.iterations_in_epoch  # (the epoch's iterator is made later)
         where = (f"epoch {epoch_itr.epoch}, {into} batches into it" if into

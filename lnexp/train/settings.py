@@ -76,6 +76,7 @@ class RunSetup:
     eval: dict[str, Any]  # BleuScorer's beam, lenpen, max_sentences, subset
     plateau_epoch: int
     plateau_margin: float
+    plateau_min_updates: int
     stop_on_plateau: bool
     track_every: int  # 0: no norm tracking
     fairseq: FairseqSetup
@@ -116,6 +117,7 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
               "max_sentences": int(cfg.eval.max_sentences), "subset": int(cfg.eval.subset)},
         plateau_epoch=int(cfg.divergence.plateau_epoch),
         plateau_margin=float(cfg.divergence.plateau_margin),
+        plateau_min_updates=int(cfg.divergence.plateau_min_updates),
         stop_on_plateau=bool(cfg.divergence.stop),
         track_every=int(cfg.track_every) if cfg.track_norms else 0)
     tokens_per_rank = int(cfg.scale.update_freq) * int(cfg.scale.max_tokens)

@@ -1,9 +1,11 @@
 """What a checkpoint carries of lnexp's own progress beside fairseq's: the per-epoch history, the
-training sums of the epoch so far, divergence, and the time already spent.
+training sums of the epoch so far, divergence, the plateau rule's last verdict, and the time
+already spent.
 
 It travels in the checkpoint's ``extra_state["lnexp"]`` as a plain dict (``torch.load`` with
 ``weights_only`` reads plain containers only); checkpoints written before this type existed hold
-the same keys, some of them missing, and resume as well.
+the same keys, some of them missing, and resume as well (their ``diverged`` held a plateau too:
+it is read as the plateau verdict).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ class RunState:
     history: list[dict[str, Any]] = field(default_factory=list)  # the metrics.jsonl rows
     wall_s: float = 0.0  # seconds of training and validation up to the checkpoint
     acc: dict[str, float] = field(default_factory=zero_sums)  # sums over the epoch's updates so far
-    diverged: dict[str, Any] | None = None  # reason, update, epoch
+    diverged: dict[str, Any] | None = None  # NaN/inf: reason, update, epoch
+    plateau: dict[str, Any] | None = None  # the plateau rule's last verdict (None: off it, or not judged)
+    left_plateau: dict[str, Any] | None = None  # the update and epoch of the verdict that left it
     overflows: int = 0  # fp16 updates skipped by fairseq's loss scaler
     saved_update: int | None = None  # the update of the last checkpoint
     signature: str | None = None  # sacreBLEU's signature of the last validation
@@ -32,7 +36,11 @@ class RunState:
         """The state of a checkpoint's extra_state (a fresh one for a fresh start)."""
         saved = (extra_state or {}).get("lnexp") or {}
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in saved.items() if k in known})
+        state = cls(**{k: v for k, v in saved.items() if k in known})
+        if state.diverged and str(state.diverged.get("reason", "")).startswith("plateau"):
+            state.plateau = {**state.diverged, "reason": state.diverged["reason"].removeprefix("plateau: ")}
+            state.diverged = None  # (older lnexp called a plateau diverged)
+        return state
 
     def to_checkpoint(self) -> dict[str, Any]:
         """The plain dict stored as extra_state["lnexp"]."""
