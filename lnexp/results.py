@@ -161,7 +161,10 @@ def load_run(run_dir: Path, root: Path | None = None) -> Run:
     config = meta.get("config") or _read_yaml(run_dir / ".hydra" / "config.yaml") or {}
     overrides = _read_yaml(run_dir / ".hydra" / "overrides.yaml") or []
     name = str(run_dir.relative_to(root)) if root is not None else run_dir.name
-    return Run(run_dir, name, config, read_json(paths["status"], {}) or {},
+    status = read_json(paths["status"], None)
+    if status is None and paths["status"].is_file():  # there, but not JSON: never read as pending
+        status = {"status": "damaged"}
+    return Run(run_dir, name, config, status if isinstance(status, dict) else {},
                read_metrics(paths["metrics"]), [str(o) for o in overrides],
                meta.get("params"), latest_evaluation(run_dir, "test"), meta.get("unigram_entropy_bits"))
 

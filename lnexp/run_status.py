@@ -5,8 +5,9 @@ A run ends ``done`` (max_epoch reached), ``stopped`` (max_update reached before 
 ``plateau`` (its last validation predicts no better than word frequencies, by the plateau rule of
 lnexp/train/divergence.py; or the rule stopped it there, ``divergence.stop``), ``diverged`` (a
 NaN/inf loss, gradient or validation loss), ``interrupted`` (Ctrl-C, SIGTERM, or its process gone)
-or ``failed`` (an error); ``running`` while it trains and ``pending`` (``lnexp results`` only)
-before it has a status. docs/configuration.md "How a run ends" has the same table.
+or ``failed`` (an error); ``running`` while it trains, ``pending`` (``lnexp results`` only)
+before it has a status and ``damaged`` (``lnexp results`` only) when status.json cannot be read.
+docs/configuration.md "How a run ends" has the same table.
 
 Older lnexp wrote ``diverged`` for a plateau too (reason ``plateau: ...``), kept it once the run
 left the plateau, and wrote ``done`` for a run that max_update stopped; ``normalise`` reads those
@@ -29,6 +30,8 @@ MEANING = {
     "running": "training now",
     "interrupted": "Ctrl-C, SIGTERM or its process gone; the same command resumes it",
     "pending": "no status yet (lnexp results only)",
+    "damaged": "status.json is not readable JSON (lnexp results only): the same lnexp train command "
+               "resumes the run from its last checkpoint and writes it again",
 }
 STATUSES = tuple(MEANING)
 FINAL = ("done", "stopped", "plateau", "diverged")  # ended by itself: the folder holds a result
@@ -96,6 +99,8 @@ def note(status: dict[str, Any]) -> str:
         return f"diverged at update {d.get('update', n)}, epoch {d.get('epoch', '?')}: {d.get('reason', '')}"
     if word == "interrupted" and status.get("resumes_from") is not None:
         return f"interrupted at {n} updates; resumes from update {status['resumes_from']}"
+    if word == "damaged":
+        return MEANING["damaged"]
     if word == "done" and status.get("plateau_rule"):
         return f"plateau rule {status['plateau_rule']}"
     return left if word == "done" else ""

@@ -25,7 +25,7 @@ def test_compile_failure_falls_back_to_eager_and_says_why(small_multi30k, tmp_pa
                           "eval.subset=5", "compile=true"])
     with caplog.at_level(logging.INFO, logger="lnexp.train"):
         status = train_run(cfg, tmp_path / "run")
-    assert status["status"] == "done" and status["updates"] == 2
+    assert status["status"] == "stopped" and status["updates"] == 2
     said = [r.getMessage() for r in caplog.records if r.name == "lnexp.train"]
     assert any(m.startswith("compile=true: 4 layers under torch.compile") for m in said)
     failed = [m for m in said if m.startswith("compile=true failed")]

@@ -247,7 +247,7 @@ def test_bf16_autocast_trains_like_fp32_and_says_so(small_multi30k, tmp_path, mo
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="lnexp.train"):
             status = train_run(cfg, tmp_path / precision)
-        assert status["status"] == "done" and status["updates"] == 2
+        assert status["status"] == "stopped" and status["updates"] == 2
         said = [r.getMessage() for r in caplog.records if r.name == "lnexp.train"]
         first = next(m for m in said if not m.startswith("threads:"))  # the run's first line
         runs[precision] = (losses(tmp_path / precision), first,

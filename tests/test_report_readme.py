@@ -40,15 +40,16 @@ def test_readme_claims_block_is_rewritten_from_checks(tmp_path):
 
 
 def test_report_never_erases_readmes_measured_rows(tmp_path):
-    """A clone without figure files leaves README's block as it is; a figure's checks file
-    replaces that figure's rows only, and the others keep their scale and date."""
+    """A clone without figure files is a one-line error that leaves README as it is; a figure's
+    checks file replaces that figure's rows only, and the others keep their scale and date."""
     readme, figures = tmp_path / "README.md", tmp_path / "figures"
     original = (REPO / "README.md").read_text()
     readme.write_text(original)
     args = ["--figures", str(figures), "--out", str(tmp_path / "report"), "--runs-root",
             str(tmp_path / "runs"), "--readme", str(readme)]
-    assert report.main(args) == 0
-    assert readme.read_text() == original
+    with pytest.raises(UserError, match="no checks files in .*: make the figures first"):
+        report.main(args)
+    assert readme.read_text() == original and not (tmp_path / "report").exists()
     block = original[original.index(report.README_BEGIN):original.index(report.README_END)]
     fig3_rows = [ln for ln in block.splitlines() if ln.startswith("| Gradient norms at init")]
     assert fig3_rows and "Not run yet" not in block
@@ -135,5 +136,6 @@ def test_readme_lists_each_atlas_claim_with_its_test(tmp_path):
            "0.0039 (0.047) | supported |")
     assert row in text
     (figures / "atlas_checks.json").unlink()
-    assert report.main(args) == 0
+    write_checks(figures, "fig4", "mini", [Check("sooner", "Pre-LN sooner", "1.67x", {}, "1.80x", True)], {})
+    assert report.main(args) == 0  # a rerun without the atlas's file keeps its table
     assert row in readme.read_text() and readme.read_text().count(report.ATLAS_INTRO) == 1

@@ -42,6 +42,18 @@ def test_collect_runs_and_filters(store):
     assert row["depth"] == "6+6"
 
 
+def test_a_damaged_status_file_is_said_not_read_as_pending(store):
+    """A status.json that is not JSON (a binary file) is ``damaged`` with a note saying how to
+    mend it, never ``pending``; the run's other files are still read."""
+    from lnexp.results import collect_runs
+
+    (store / "b" / "status.json").write_bytes(b"\x00\x9f\x92\x96 not json")
+    run = next(r for r in collect_runs(store) if r.name == "b")
+    row = run.row()
+    assert row["status"] == "damaged" and row["best_valid_loss"] == 7.1
+    assert "not readable JSON" in row["note"] and "lnexp train" in row["note"]
+
+
 def test_results_cli_table_and_csv(store, tmp_path):
     from lnexp.results import main
 
