@@ -6,7 +6,6 @@ Everything heavy (torch, fairseq, hydra) is imported inside the functions that n
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,24 +29,16 @@ def machine_line() -> str:
     """Date, load average, CPU and torch threads: printed above every table."""
     import torch
 
+    from lnexp.runtime.host import cpu_model
+
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    cpu = _cpu_model()
+    cpu = cpu_model()
     return (f"# {time.strftime('%Y-%m-%d %H:%M')} | load avg (1/5/15 min) {load} | {os.cpu_count()} CPUs "
             f"({cpu}) | torch {torch.__version__}, {torch.get_num_threads()} threads")
 
 
 def load_now() -> float:
     return os.getloadavg()[0]
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def matmul_peak(n: int = 2048, dtype: str = "float32", device: str = "cpu", reps: int = 10,

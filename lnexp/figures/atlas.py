@@ -13,10 +13,8 @@ statistic, raw and Holm-adjusted p, verdict; the date and machine measured).
 from __future__ import annotations
 
 import math
-import platform
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from lnexp.atlas import claims as C
@@ -29,6 +27,7 @@ from lnexp.figures.figure import Figure
 from lnexp.figures.measured import write_csv
 from lnexp.results import Run
 from lnexp.rundir import write_text
+from lnexp.runtime.host import cpu_model
 from lnexp.stats import summarise, wilson
 
 RUN_FIELDS = ("experiment", "run", "scheme", "depth", "lr", "warmup", "dt", "seed", "status", "outcome",
@@ -64,17 +63,6 @@ def cell_row(c) -> dict[str, Any]:
     loss = c.losses()
     return {**c.row(), "trained_low": R.rounded(low, 3), "trained_high": R.rounded(high, 3),
             "mean_valid_loss": R.rounded(sum(loss) / len(loss) if loss else math.nan)}
-
-
-def machine() -> str:
-    """The CPU (or host) the checks were computed beside: /proc/cpuinfo's model name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def to_check(v: C.Verdict, grid: Grid) -> Check:
@@ -131,7 +119,7 @@ def main(argv: list[str]) -> int:
         "claims_supported": f"{sum(v.verdict == 'supported' for v in verdicts)} of {len(verdicts)}",
         "claims_decided": f"{decided} of {len(verdicts)}", "alpha": C.ALPHA,
         "correction": "Holm across the claims (statsmodels multipletests), support and refutation each",
-        "measured": time.strftime("%Y-%m-%d"), "machine": machine(),
+        "measured": time.strftime("%Y-%m-%d"), "machine": cpu_model(),
         "max_update": sorted({r.get("max_update") for r in runs}, key=str),
         "stable_means": "every finished seed of the cell trained: no NaN/inf, not on the unigram plateau",
         "plan": plan_note})

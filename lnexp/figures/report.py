@@ -96,14 +96,9 @@ def _summary_table(path: Path, cols: list[str]) -> list[str]:
 
 
 def hardware() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from lnexp.runtime.host import cpu_model
+
+    model = cpu_model()
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
         import torch
