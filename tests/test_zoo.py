@@ -45,34 +45,15 @@ def norm(mod, x):
 
 
 def attention(attn, x, mem, causal: bool):
-    """Multi-head attention of T x B x d states; per-head Q/K/V norms, an inner norm and head
-    scales before the output projection where the module has them."""
-    t, b, d = x.shape
-    h = attn.num_heads
-
-    def heads(y):
-        return y.reshape(y.shape[0], b, h, d // h).permute(1, 2, 0, 3)  # B H T dh
-
-    q, k, v = (heads(F.linear(z, p.weight, p.bias)) for z, p in
-               ((x, attn.q_proj), (mem, attn.k_proj), (mem, attn.v_proj)))
-    scale = 1 / math.sqrt(d // h)
-    if hasattr(attn, "q_norm") and hasattr(attn.q_norm, "scale"):  # Henry et al.: g q^ k^T
-        q, k, scale = F.normalize(q, dim=-1), F.normalize(k, dim=-1), attn.q_norm.scale
-    elif hasattr(attn, "q_norm"):
-        q, k = norm(attn.q_norm.norm, q), norm(attn.k_norm.norm, k)
-    if hasattr(attn, "v_norm"):
-        v = norm(attn.v_norm.norm, v)
-    scores = q @ k.transpose(-1, -2) * scale
-    if causal:
-        scores = scores + torch.full((t, t), float("-inf"), dtype=x.dtype).triu(1)
-    heads_out = scores.softmax(-1) @ v  # B H T dh
+    """Multi-head attention of T x B x d states (:func:`mha`) with the per-head Q/K/V norms, the
+    inner norm and head scales before the output projection where the module has them."""
+    l2 = hasattr(attn, "q_norm") and hasattr(attn.q_norm, "scale")  # Henry et al.: g q^ k^T
+    qkv = [None if l2 and n != "v_norm" else getattr(attn, n, None) for n in ("q_norm", "k_norm", "v_norm")]
+    qkv = None if not any(qkv) else [None if m is None else (lambda y, m=m: norm(m.norm, y)) for m in qkv]
     before = getattr(attn, "before_out_proj", None)
-    if before is not None and before.head_scale is not None:  # NormFormer: gamma_h per head
-        heads_out = heads_out * before.head_scale[None, :, None, None]
-    out = heads_out.permute(2, 0, 1, 3).reshape(t, b, d)
-    if before is not None and before.norm is not None:  # Sub-LN: LN before W_out
-        out = norm(before.norm, out)
-    return F.linear(out, attn.out_proj.weight, attn.out_proj.bias)
+    return mha(attn, x, mem, causal, qkv_norm=qkv, l2_scale=attn.q_norm.scale if l2 else None,
+               inner=None if before is None or before.norm is None else (lambda y: norm(before.norm, y)),
+               gamma=None if before is None else before.head_scale)
 
 
 def sublayers(layer, mem=None):
