@@ -12,16 +12,13 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lnexp.errors import ConfigError
-from lnexp.names import NORMS, PLACEMENTS, PRECISIONS, SCHEDULES
+from lnexp.names import CONFIG_DIR, NORMS, PLACEMENTS, PRECISIONS, SCHEDULES, option_files
 from lnexp.scheme import NUMBER_OR_FORMULA, Norm, Placement
 
-# A link to the top-level configs/ in a checkout; the YAML files themselves in an installed wheel.
-CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
 GROUPS = tuple(sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()))
 # Keys that say how long to train or how to report: they do not name the run, so raising max_epoch
 # continues a finished run in its own folder (configs/train.yaml repeats them for Hydra).
@@ -75,6 +72,10 @@ def normalise(overrides: list[str]) -> list[str]:
             out.append(text)
             continue
         values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        shared = [v for v in values if isinstance(v, str) and v.startswith("_")]
+        if shared:
+            raise ConfigError(f"{key}={shared[0]} is what the {key} options share, not one of them: "
+                              f"choose one of {', '.join(p.stem for p in option_files(key))}")
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
             out.append(text)
             continue
@@ -138,7 +139,7 @@ def explain(e: Exception) -> str:
     if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options:
         group, _, name = str(e.missing_cfg_file).rpartition("/")
         return (f"{group}={name} is not an option of the {group} group: use one of "
-                f"{', '.join(sorted(e.options))}")
+                f"{', '.join(sorted(o for o in e.options if not o.startswith('_')))}")
     return f"{first_line(e)} (lnexp train --help lists the groups and options)"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lnexp.config import CONFIG_DIR, GROUPS
-from lnexp.names import NORMS, PRECISIONS
+from lnexp.names import NORMS, PRECISIONS, option_files
 from lnexp.run_names import default_choices
 
 USAGE = """\
@@ -58,7 +58,7 @@ def description(path: Path) -> str:
 
 def _options(group: str) -> list[Path]:
     """A group's option files, numbers in numeric order (depth 6, 8, 10, ...)."""
-    return sorted((CONFIG_DIR / group).glob("*.yaml"),
+    return sorted(option_files(group),
                   key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.stem))
 
 

@@ -7,8 +7,17 @@ from pathlib import Path
 # Xiong et al.'s two and Peri-LN: the default placements of fig3 and theory
 PAPER_PLACEMENTS = ("post_ln", "pre_ln", "peri_ln")
 _FIRST = (*PAPER_PLACEMENTS, "deepnorm")
-_PLACEMENT_DIR = Path(__file__).parent / "configs" / "placement"
-PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in _PLACEMENT_DIR.glob("*.yaml") if p.stem not in _FIRST))
+# A link to the top-level configs/ in a checkout; the YAML files themselves in an installed wheel.
+CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
+
+
+def option_files(group: str) -> list[Path]:
+    """configs/GROUP/*.yaml that are options; a name starting with ``_`` is what the options share
+    (placement/_base.yaml), not one of them."""
+    return sorted(p for p in (CONFIG_DIR / group).glob("*.yaml") if not p.name.startswith("_"))
+
+
+PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in option_files("placement") if p.stem not in _FIRST))
 NORMS = ("layernorm", "rmsnorm", "dyt")
 SCHEDULES = ("inverse_sqrt", "constant", "step", "linear")
 # auto: bf16 autocast on a CPU with bf16 units whose self-check passes, else fp32 (lnexp/train/precision.py)

@@ -3,11 +3,11 @@ become, checked, torch-free (the CLI's start-up path validates them before anyth
 
 The path of a scheme from its YAML to a layer, with no guessing through fairseq's parser:
 
-    configs/placement/NAME.yaml  --Placement.from_config-->  Placement (this module)
+    configs/placement/NAME.yaml over _base.yaml  --Placement.from_config-->  Placement (this module)
       --Placement.to_json-->  fairseq flag --placement-spec (lnexp/train/settings.py fairseq_flags)
-      --placement_of(args)-->  Placement again in LNTransformerModel.build_model
-      --ResidualSpec.for_layer-->  each layer's ``spec`` (lnexp/model/placement.py), read by
-      the single ``residual_step``.
+      --placement_of(args)-->  Placement again, parsed once per process and spec
+      --ResidualSpec.for_layer-->  each layer's ``spec`` (lnexp/model/placement.py): that one
+      Placement and what the layer's place makes of it, read by the single ``residual_step``.
 
 Checkpoints written before placements were data carry only ``--placement NAME`` (and
 ``--embed-norm``, ``--norm NAME``): :func:`placement_of` and :func:`norm_of` map those old arguments
@@ -20,10 +20,10 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from functools import lru_cache
 from typing import Any
 
-CONFIG_DIR = (Path(__file__).parent / "configs").resolve()
+from lnexp.names import CONFIG_DIR, option_files
 
 # --- named formulas of depth -------------------------------------------------------------------
 # Each takes (stack, l, N, M): "encoder"/"decoder", the 1-based layer index, the encoder's and the
@@ -262,12 +262,14 @@ class Placement:
 
     @classmethod
     def from_config(cls, node: Any) -> Placement:
-        """From a placement group node (a DictConfig or dict); ``recipe`` is the schedule's, not the
-        model's, and is left out. Unknown keys are an error (a typo would silently do nothing)."""
+        """From a placement group node (a DictConfig or dict); ``recipe`` (the schedule's) and
+        ``about`` (how it is shown) are not the model's and are left out. Unknown keys are an error
+        (a typo would silently do nothing)."""
         from omegaconf import DictConfig, OmegaConf
 
         data = dict(OmegaConf.to_container(node, resolve=False) if isinstance(node, DictConfig) else node)
-        data.pop("recipe", None)
+        for key in NOT_THE_NETWORK:
+            data.pop(key, None)
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -287,7 +289,17 @@ class Placement:
 
     @classmethod
     def from_json(cls, text: str) -> Placement:
-        return cls.from_config(json.loads(text))
+        return _parsed(text)
+
+
+@lru_cache(maxsize=64)
+def _parsed(text: str) -> Placement:
+    """A --placement-spec read once per process: a model's layers all ask for the same one (a
+    Placement is frozen, so the layers can share it)."""
+    return Placement.from_config(json.loads(text))
+
+
+NOT_THE_NETWORK = ("recipe", "about")  # a placement YAML's keys that the model is not built from
 
 
 # the keys that take a number or a formula's name (one placement's YAML has the one, another the other)
@@ -343,14 +355,40 @@ class Norm:
 
 
 def group_file(group: str, name: str) -> Any:
-    """configs/GROUP/NAME.yaml as a node; an unknown name lists the options."""
+    """configs/GROUP/NAME.yaml as a node, as Hydra composes it: its defaults list (other files of
+    the group, then ``_self_``: a scheme over placement/_base.yaml) merged in order. An unknown name
+    lists the options."""
     from omegaconf import OmegaConf
 
-    path = CONFIG_DIR / group / f"{name}.yaml"
-    if not path.is_file():
-        options = sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    if name.startswith("_") or not (CONFIG_DIR / group / f"{name}.yaml").is_file():
+        options = [p.stem for p in option_files(group)]
         raise ValueError(f"{group}={name} is not one of {', '.join(options)}")
-    return OmegaConf.load(path)
+    return OmegaConf.merge(*_layers(group, name))
+
+
+def _layers(group: str, name: str) -> list[Any]:
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml")
+    entries = list(node.pop("defaults", None) or [])
+    if "_self_" not in entries:  # Hydra's rule for a config that is not the primary one
+        entries.append("_self_")
+    out = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ValueError(f"configs/{group}/{name}.yaml: its defaults list takes names of "
+                             f"configs/{group}/ files and _self_, got {entry!r}")
+        out += [node] if entry == "_self_" else _layers(group, entry)
+    return out
+
+
+def about(placement: str) -> dict[str, Any]:
+    """How figures and docs show a scheme (its YAML's ``about``: label, color, paper, block, init,
+    checked) and its ``recipe``, unresolved."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(group_file("placement", placement), resolve=False)
+    return {**node["about"], "recipe": node["recipe"]}
 
 
 def placement_of(args: Any) -> Placement:

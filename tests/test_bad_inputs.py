@@ -87,6 +87,8 @@ CASES = [
     ("train depth=1000000", "depth=1000000 is more than 1000 layers a stack"),
     ("train depth=0", "depth=0 must be a whole number of layers >= 1"),
     ("train placement=preln", "use one of admin, b2t, b2t_noinit, deepnorm, hybridnorm, "),
+    ("train placement=_base", "placement=_base is what the placement options share, not one of them: "
+     "choose one of admin, b2t, "),
     ("train placement=deepnorm placement.residual_weight=alpha",
      "residual_weight='alpha' must be a number or one of deepnorm_alpha"),
     ("train dataset=nope", "dataset=nope is not an option of the dataset group"),

@@ -1,5 +1,6 @@
 """The config files explain themselves: every key carries a one-line comment on its own line (what
-it does, its unit), and the pointers into docs/ lead to a heading that exists.
+it does, its unit), once (a scheme's keys are explained in placement/_base.yaml, which it starts
+from), and the pointers into docs/ lead to a heading that exists.
 
 The comment sits on the key's line because that is what `lnexp train --help` shows (it prints
 configs/train.yaml as written) and what a reader sees next to the value. Experiment YAMLs keep a
@@ -24,23 +25,33 @@ POINTER = re.compile(r"(docs/[\w-]+\.md) \"([^\"]+)\"")
 HEADER_MAX = 3
 
 
-def uncommented_keys(path: Path) -> list[str]:
-    """Dotted names of the keys whose line has no comment; the defaults list's entries are Hydra
-    directives, not keys, and are not asked for one."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    missing: list[str] = []
+def keys_and_lines(path: Path) -> dict[str, int]:
+    """Dotted name -> 0-based line of every key of a YAML file (the defaults list's entries are
+    Hydra directives, not keys)."""
+    out: dict[str, int] = {}
 
     def walk(node: yaml.Node, prefix: str) -> None:
         if not isinstance(node, yaml.MappingNode):
             return
         for key, value in node.value:
-            name = prefix + str(key.value)
-            if not COMMENT.search(lines[key.start_mark.line]):
-                missing.append(f"{name} (line {key.start_mark.line + 1})")
-            walk(value, name + ".")
+            out[prefix + str(key.value)] = key.start_mark.line
+            walk(value, prefix + str(key.value) + ".")
 
     walk(yaml.compose(path.read_text(encoding="utf-8")), "")
-    return missing
+    return out
+
+
+def uncommented_keys(path: Path) -> list[str]:
+    """Dotted names of the keys whose line has no comment. A file whose defaults list starts from a
+    ``_`` file of its group (placement/_base.yaml) has its keys explained there, once."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    shared = {}
+    for base in sorted(path.parent.glob("_*.yaml")):
+        if base != path and re.search(rf"^defaults:.*\b{base.stem}\b", "\n".join(lines), re.M):
+            shared |= keys_and_lines(base)
+    explained = lambda name: any(name == k or name.startswith(k + ".") for k in shared)  # noqa: E731
+    return [f"{name} (line {line + 1})" for name, line in keys_and_lines(path).items()
+            if not explained(name) and not COMMENT.search(lines[line])]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.relative_to(CONFIG_DIR).as_posix() for p in FILES])

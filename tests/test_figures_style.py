@@ -33,7 +33,7 @@ def lab(colour: str) -> tuple[float, float, float]:
 
 def test_every_scheme_has_its_own_colour():
     colours = [style.COLORS[p] for p in PLACEMENTS]
-    assert len(set(colours)) == len(colours), "more schemes than colours: extend style.ZOO_PALETTE"
+    assert len(set(colours)) == len(colours), "two schemes share a colour: give one its own about.color"
     assert set(PLACEMENTS) <= set(style.LABELS)
 
 

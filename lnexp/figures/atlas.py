@@ -97,9 +97,7 @@ def main(argv: list[str]) -> int:
     from lnexp.atlas.driver import read_plan
     from lnexp.errors import UserError
 
-    args = R.parser("atlas", FIGURE.help).parse_args(argv)
-    exps = FIGURE.experiments(args.scale)
-    found = R.select(args.runs_root, exps)
+    args, exps, found = R.start(FIGURE, FIGURE.help, argv)
     runs = [r for e in exps for r in found[e]]
     if not runs:
         raise UserError(f"no runs of experiment={exps[0]} under {args.runs_root}: run `make atlas"

@@ -216,17 +216,11 @@ def draw(panels: list[tuple[str, list[Run]]], scale: str):
 
 
 def main(argv: list[str]) -> int:
-    from lnexp.errors import UserError
     from lnexp.figures import style
 
-    ap = R.parser("fig2", "warm-up ablation with Post-LN (Xiong et al. 2020, Fig. 2)")
-    args = ap.parse_args(argv)
-    exps = FIGURE.experiments(args.scale)
-    found = R.select(args.runs_root, exps)
+    args, exps, found = R.start(FIGURE, "warm-up ablation with Post-LN (Xiong et al. 2020, Fig. 2)", argv)
     adam, sgd = found[exps[0]] + found[exps[1]], found[exps[2]]
-    if not any(r.metrics for r in adam + sgd):
-        raise UserError(f"no finished epochs of experiment={exps[0]} under {args.runs_root}: "
-                        f"run `lnexp train -m experiment={exps[0]}` (make fig2) first")
+    R.need_epochs(adam + sgd, exps[0], args.runs_root, "make fig2")
     all_runs = adam + sgd
     R.write_csvs(args.out, "fig2", all_runs)
     # curves and checks need epochs; failed runs without any stay in the CSVs

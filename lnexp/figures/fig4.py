@@ -118,17 +118,11 @@ def draw(panels: list[tuple[str, list[Run]]]):
 
 
 def main(argv: list[str]) -> int:
-    from lnexp.errors import UserError
     from lnexp.figures import style
 
-    ap = R.parser("fig4", "convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)")
-    args = ap.parse_args(argv)
-    exps = FIGURE.experiments(args.scale)
-    found = R.select(args.runs_root, exps)
+    args, exps, found = R.start(FIGURE, "convergence speed: Pre-LN without warm-up vs Post-LN (Fig. 4)", argv)
     main_runs = found[exps[0]]
-    if not any(r.metrics for r in main_runs):
-        raise UserError(f"no finished epochs of experiment={exps[0]} under {args.runs_root}: "
-                        f"run `lnexp train -m experiment={exps[0]}` (make fig4) first")
+    R.need_epochs(main_runs, exps[0], args.runs_root, "make fig4")
     all_runs = [r for e in exps for r in found[e]]
     R.write_csvs(args.out, "fig4", all_runs)
     main_runs = [r for r in main_runs if r.metrics]  # failed runs without epochs stay in the CSVs

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lnexp.errors import ArgumentParser
+from lnexp.errors import ArgumentParser, UserError
 from lnexp.figures.checks import MARKS, Check, print_checks
 from lnexp.names import SCALES
 from lnexp.results import Run, collect_runs
@@ -34,6 +34,20 @@ def parser(name: str, description: str) -> ArgumentParser:
     ap.add_argument("--runs-root", default="runs", type=Path, help="where the runs are (default: runs)")
     ap.add_argument("--out", default="figures", type=Path, help="output folder (default: figures)")
     return ap
+
+
+def start(figure: Any, description: str, argv: list[str]) -> tuple[Any, list[str], dict[str, list[Run]]]:
+    """A run-based figure's options, its experiments at ``--scale`` and their runs (:func:`select`)."""
+    args = parser(figure.name, description).parse_args(argv)
+    experiments = figure.experiments(args.scale)
+    return args, experiments, select(args.runs_root, experiments)
+
+
+def need_epochs(runs: list[Run], experiment: str, root: Path, target: str) -> None:
+    """A figure drawn from epochs needs at least one: else the one line that says how to train them."""
+    if not any(r.metrics for r in runs):
+        raise UserError(f"no finished epochs of experiment={experiment} under {root}: run "
+                        f"`lnexp train -m experiment={experiment}` ({target}) first")
 
 
 def select(root: Path, experiments: list[str]) -> dict[str, list[Run]]:

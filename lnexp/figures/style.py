@@ -7,41 +7,21 @@ from pathlib import Path
 from lnexp.errors import cannot_write
 from lnexp.rundir import write_with
 
-COLORS = {"post_ln": "#d62728", "pre_ln": "#1f77b4", "peri_ln": "#2ca02c", "deepnorm": "#9467bd"}
-LABELS = {"post_ln": "Post-LN", "pre_ln": "Pre-LN", "peri_ln": "Peri-LN", "deepnorm": "DeepNorm",
-          "admin": "Admin", "b2t": "B2T", "hybridnorm": "HybridNorm", "ln_scaling": "LN Scaling",
-          "mix_ln": "Mix-LN",
-          "normformer": "NormFormer", "olmo2": "OLMo-2", "qk_norm": "QK-norm", "rezero": "ReZero",
-          "resi_dual": "ResiDual", "sandwich_ln": "Sandwich-LN", "sub_ln": "Sub-LN", "t_fixup": "T-Fixup",
-          "b2t_noinit": "B2T (no init)", "qk_layernorm": "QK-LayerNorm",
-          "rezero_per_sublayer": "ReZero per sub-layer"}
 # The atlas's stability maps: a cell where every seed trained, one where a seed failed, one not run
 OUTCOME_COLORS = {"trained": "#4daf4a", "failed": "#e41a1c", "not run": "#dddddd"}
 
 
-# The other schemes' colours, in lnexp.names.PLACEMENTS' order. Scheme names are written in these
-# colours (map titles, tick labels), so each stands out on white at 3:1 at least (tab20's pale half
-# did not: 1.6:1). Picked greedily among matplotlib's XKCD colours of contrast 3:1 to 8:1, each the
-# farthest in CIE Lab from those above it and COLORS' four (tests/test_figures_style.py checks both).
-# The last three (no XKCD colour was 30 apart from the others any more) the same way from the sRGB
-# grid of step 8.
-ZOO_PALETTE = ("#152eff", "#876e4b", "#ff08e8", "#ff0789", "#0f9b8e", "#c87606", "#a8415b",
-               "#0165fc", "#929901", "#a00498", "#947e94", "#2b5d34", "#c760ff",
-               "#903818", "#305860", "#e060b0")
-
-
-def _zoo_styles() -> None:
-    """The schemes without a fixed colour get one of ZOO_PALETTE (in lnexp.names.PLACEMENTS' order,
-    so a scheme's colour is the same in every figure) and a label from their name."""
+def _scheme_styles() -> tuple[dict[str, str], dict[str, str]]:
+    """Each scheme's colour and label, as its configs/placement YAML states them (``about``), so that
+    a scheme added as a YAML is drawn in every figure with no change here."""
     from lnexp.names import PLACEMENTS
+    from lnexp.scheme import about
 
-    rest = [p for p in PLACEMENTS if p not in COLORS]
-    for i, p in enumerate(rest):
-        COLORS[p] = ZOO_PALETTE[i % len(ZOO_PALETTE)]
-        LABELS.setdefault(p, p.replace("_ln", "-LN").replace("_", " "))
+    shown = {p: about(p) for p in PLACEMENTS}
+    return {p: a["color"] for p, a in shown.items()}, {p: a["label"] for p, a in shown.items()}
 
 
-_zoo_styles()
+COLORS, LABELS = _scheme_styles()
 
 
 def setup():

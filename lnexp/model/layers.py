@@ -28,7 +28,8 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
     dim = layer.embed_dim
     # ReZero's code (majumderb/rezero rztx.py RZTXEncoderLayer/RZTXDecoderLayer): one resweight per
     # layer, read by each of its sub-layers
-    layer.layer_gate = nn.Parameter(torch.zeros(1)) if layer.spec.gate and layer.spec.shared_gate else None
+    scheme = layer.spec.scheme
+    layer.layer_gate = nn.Parameter(torch.zeros(1)) if scheme.branch_gate and scheme.shared_gate else None
     for name in names:
         spec = layer.spec_of(name.replace("_layer_norm", ""))
         if not spec.has_norm:
@@ -38,9 +39,9 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
         setattr(layer, name.replace("layer_norm", "out_norm"),
                 make_norm(norm, dim) if spec.output_norm else None)
         setattr(layer, name.replace("layer_norm", "gate"),
-                nn.Parameter(torch.zeros(1)) if spec.gate and not spec.shared_gate else None)
+                nn.Parameter(torch.zeros(1)) if scheme.branch_gate and not scheme.shared_gate else None)
         setattr(layer, name.replace("layer_norm", "gain"),
-                ResidualGain(dim) if spec.residual_gain else None)
+                ResidualGain(dim) if scheme.residual_gain else None)
     ffn = layer.spec_of("final")
     layer.final_inner_norm = make_norm(norm, layer.fc1.out_features) if ffn.inner_norm else None
 
@@ -112,10 +113,11 @@ def _install_attention_parts(attn: nn.Module, spec: ResidualSpec, norm: Norm) ->
     switched off for a module that has any of these."""
     heads, head_dim = attn.num_heads, attn.head_dim
     hooked = False
-    for proj, on in (("q", spec.qk_norm), ("k", spec.qk_norm), ("v", spec.v_norm)):
+    scheme = spec.scheme
+    for proj, on in (("q", scheme.qk_norm), ("k", scheme.qk_norm), ("v", scheme.v_norm)):
         if on:
-            if proj != "v" and spec.qk_norm_form == "l2":
-                part: nn.Module = _HeadL2(heads, head_dim, spec.qk_scale0 if proj == "q" else None)
+            if proj != "v" and scheme.qk_norm_form == "l2":
+                part: nn.Module = _HeadL2(heads, head_dim, scheme.qk_scale0 if proj == "q" else None)
             else:
                 part = _HeadNorm(norm, heads, head_dim)
             setattr(attn, f"{proj}_norm", part)
@@ -195,7 +197,7 @@ class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
             return out
 
         steps = [partial(self._step, "self_attn", attend), partial(self._step, "final", self._ffn)]
-        return STRUCTURES[self.spec.structure].layer(steps, x, self.stream)
+        return STRUCTURES[self.spec.scheme.structure].layer(steps, x, self.stream)
 
 
 class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
@@ -260,7 +262,7 @@ class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
 
             steps.append(partial(self._step, "encoder_attn", cross_attend))
         steps.append(partial(self._step, "final", self._ffn))
-        x = STRUCTURES[self.spec.structure].layer(steps, x, self.stream)
+        x = STRUCTURES[self.spec.scheme.structure].layer(steps, x, self.stream)
         return x, weights[0], None
 
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from lnexp.names import PLACEMENTS
-from lnexp.scheme import Placement, deepnorm_constants, evaluate
+from lnexp.scheme import Init, Placement, deepnorm_constants, evaluate
 
 __all__ = ["PLACEMENTS", "ResidualGain", "ResidualSpec", "deepnorm_constants", "init_layer_",
            "plain_xavier_factor", "residual_step"]
@@ -36,32 +36,22 @@ __all__ = ["PLACEMENTS", "ResidualGain", "ResidualSpec", "deepnorm_constants", "
 
 @dataclass(frozen=True)
 class ResidualSpec:
-    """How one layer of one stack wires its residual sub-layers: a placement resolved at a depth."""
+    """One sub-layer kind of one layer: the scheme as its YAML states it (``scheme``, the one
+    Placement every layer of the model shares) and what the layer's place decides of it: the
+    switches after ``sublayers`` and ``first_layers``, the depth formulas evaluated."""
 
-    placement: str = "post_ln"
+    scheme: Placement
     residual_scale: float = 1.0  # dt
-    alpha: float = 1.0  # the residual's weight (DeepNorm's alpha; 1 for most placements)
-    beta: float = 1.0  # the init gain of the matrices the placement scales (DeepNorm's beta)
+    alpha: float = 1.0  # residual_weight here (DeepNorm's alpha; 1 for most placements)
+    beta: float = 1.0  # init.gain here: the gain of the matrices the placement scales (DeepNorm's beta)
+    input_norm_scale: float = 1.0  # here (LayerNorm Scaling's 1/sqrt(l))
     input_norm: bool = False
     output_norm: bool = False
     sum_norm: bool = True
     inner_norm: bool = False
     norm_residual: bool = False  # the residual is Norm_in(x), not x (HybridNorm's FFN)
-    input_norm_scale: float = 1.0
-    gate: bool = False  # ReZero's learnable branch scalar
-    shared_gate: bool = False  # one gate per layer for all its sub-layers (ReZero's code)
-    residual_gain: bool = False  # Admin's learnable per-dimension weight on x
-    qk_norm: bool = False
-    qk_norm_form: str = "layernorm"  # layernorm (per-head norm, 1/sqrt(d_h)) or l2 (Henry et al.)
-    qk_scale0: float = 9.954196310386875  # l2: the learned scale's initial value
-    v_norm: bool = False
     head_scale: bool = False
-    structure: str = "residual"
-    init_draw: str = "fairseq"
-    init_scaled: tuple[str, ...] = ()
-    init_unit: tuple[str, ...] = ()
-    init_bias: bool = False  # the scaled matrices' biases get beta too
-    init_plain_xavier: tuple[str, ...] = ()  # fairseq's draw brought to plain Xavier-uniform first
+    scaled_init: bool = True  # false: the init's gain skips this sub-layer (torchscale's cross-attention)
 
     @property
     def norm_first(self) -> bool:
@@ -73,29 +63,24 @@ class ResidualSpec:
         """Whether a sub-layer's main norm (``*_layer_norm``) is used, on its input or on the sum."""
         return self.input_norm or self.sum_norm
 
+    @property
+    def init(self) -> Init:
+        """The scheme's init as it reaches this sub-layer's matrices (none where scaled_init is off)."""
+        init = self.scheme.init
+        return init if self.scaled_init else replace(init, scaled=(), unit=(), plain_xavier=())
+
     @classmethod
     def for_layer(cls, placement: Placement, residual_scale: float, stack: str, layer: int,
                   enc_layers: int, dec_layers: int, sublayer: str = "attention") -> ResidualSpec:
-        """``placement`` at the attention (or ffn) sub-layers of 1-based layer ``layer`` of
-        ``stack`` in an N+M-layer model."""
+        """``placement`` at the ``sublayer`` kind (attention, cross_attention or ffn) of 1-based
+        layer ``layer`` of ``stack`` in an N+M-layer model."""
         n_stack = enc_layers if stack == "encoder" else dec_layers
         at = (stack, layer, enc_layers, dec_layers)
-        init = placement.init
-        switches = placement.switches(layer, n_stack, sublayer)
-        scaled_init = switches.pop("scaled_init")  # False: the init's rule skips this sub-layer
         return cls(
-            placement=placement.name, residual_scale=float(residual_scale),
-            alpha=evaluate(placement.residual_weight, *at), beta=evaluate(init.gain, *at),
-            **switches,
+            scheme=placement, residual_scale=float(residual_scale),
+            alpha=evaluate(placement.residual_weight, *at), beta=evaluate(placement.init.gain, *at),
             input_norm_scale=evaluate(placement.input_norm_scale, *at),
-            gate=placement.branch_gate, shared_gate=placement.shared_gate,
-            residual_gain=placement.residual_gain,
-            qk_norm=placement.qk_norm, qk_norm_form=placement.qk_norm_form,
-            qk_scale0=float(placement.qk_scale0), v_norm=placement.v_norm,
-            structure=placement.structure, init_draw=init.draw,
-            init_scaled=tuple(init.scaled) if scaled_init else (),
-            init_unit=tuple(init.unit) if scaled_init else (),
-            init_bias=init.bias, init_plain_xavier=tuple(init.plain_xavier) if scaled_init else (),
+            **placement.switches(layer, n_stack, sublayer),
         )
 
 
@@ -170,21 +155,21 @@ def init_layer_(spec: ResidualSpec, matrices: dict[str, nn.Linear]) -> None:
     draw (FFN biases 0), and the ``scaled`` matrices multiplied by beta (their biases too with
     ``init.bias``).
     """
-    if spec.init_draw == "xavier_normal":
-        for n in spec.init_scaled + spec.init_unit:
+    init = spec.init
+    if init.draw == "xavier_normal":
+        for n in init.scaled + init.unit:
             if n in matrices:
-                nn.init.xavier_normal_(matrices[n].weight,
-                                       gain=spec.beta if n in spec.init_scaled else 1.0)
+                nn.init.xavier_normal_(matrices[n].weight, gain=spec.beta if n in init.scaled else 1.0)
         return
     with torch.no_grad():
-        for n in spec.init_plain_xavier:
+        for n in init.plain_xavier:
             if n in matrices:
                 lin = matrices[n]
                 lin.weight.mul_(plain_xavier_factor(n, lin))
                 if n in FFN_MATRICES and lin.bias is not None:
                     lin.bias.zero_()
-        for n in spec.init_scaled:
+        for n in init.scaled:
             if n in matrices:
                 matrices[n].weight.mul_(spec.beta)
-                if spec.init_bias and matrices[n].bias is not None:
+                if init.bias and matrices[n].bias is not None:
                     matrices[n].bias.mul_(spec.beta)
