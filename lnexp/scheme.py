@@ -182,6 +182,7 @@ class Placement:
     head_scale: bool = False  # NormFormer: a learnable scale per head before the output projection
     final_norm: bool = False  # a norm on each stack's output
     embed_norm: bool = False  # a norm on the embeddings
+    fix_norm: bool = False  # FixNorm: every word embedding at unit length (times fairseq's sqrt(d))
     sublayers: dict[str, dict[str, bool]] | None = None  # {attention|ffn: {switch: value}}
     first_layers: dict[str, Any] | None = None  # {fraction: a, switch: value...}: layers l <= floor(a L)
     init: Init = field(default_factory=Init)
@@ -189,7 +190,7 @@ class Placement:
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
         flags = ("branch_gate", "shared_gate", "residual_gain", "qk_norm", "v_norm", "head_scale",
-                 "final_norm", "embed_norm", *SWITCHES)
+                 "final_norm", "embed_norm", "fix_norm", *SWITCHES)
         for key in flags:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "
@@ -311,7 +312,8 @@ def _check_value(where: str, key: str, value: Any) -> None:
         raise ValueError(f"{where}: {key}={value!r} must be a number or one of {', '.join(FORMULAS)}")
 
 
-_DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6}
+# LayerNorm's and RMSNorm's eps is added under the root; ScaleNorm's bounds the norm from below
+_DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6, "scalenorm": 1e-5}
 
 
 @dataclass(frozen=True)
@@ -319,8 +321,9 @@ class Norm:
     """A norm group's settings (configs/norm/NAME.yaml)."""
 
     name: str = "layernorm"
-    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6; DyT none)
-    alpha0: float = 0.5  # DyT's initial alpha
+    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6, ScaleNorm 1e-5)
+    alpha0: float = 0.5  # DyT's and Derf's initial alpha
+    shift0: float = 0.0  # Derf's initial shift s
 
     def __post_init__(self) -> None:
         from lnexp.names import NORMS
@@ -336,6 +339,9 @@ class Norm:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"norm.{key}={value!r} must be a number > 0: e.g. norm.{key}="
                                  f"{'1e-5' if key == 'eps' else '0.5'}")
+        if isinstance(self.shift0, bool) or not isinstance(self.shift0, int | float) \
+                or not math.isfinite(self.shift0):
+            raise ValueError(f"norm.shift0={self.shift0!r} must be a number: e.g. norm.shift0=0.0")
 
     @classmethod
     def from_config(cls, node: Any) -> Norm:

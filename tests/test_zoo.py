@@ -14,7 +14,8 @@ from tests.conftest import tiny_args
 
 ZOO = ("sandwich_ln", "olmo2", "qk_norm", "qk_layernorm", "ln_scaling", "mix_ln", "rezero",
        "rezero_per_sublayer", "b2t", "b2t_noinit", "t_fixup", "sub_ln", "normformer", "hybridnorm",
-       "admin", "resi_dual")
+       "admin", "resi_dual", "fixnorm")
+NORM_ZOO = ("dyt", "scalenorm", "derf")  # Pre-LN with each norm that is not LayerNorm's kin
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
 
@@ -36,9 +37,13 @@ def build(task, placement: str, seed: int = 0, **over):
 # --- the formulas, from the parameters alone -------------------------------------------------------
 
 def norm(mod, x):
-    """LayerNorm, RMSNorm or DyT, by the module's parameters."""
+    """LayerNorm, RMSNorm, DyT, Derf or ScaleNorm, by the module's parameters."""
+    if hasattr(mod, "shift"):  # Derf (Chen et al. 2025): gamma erf(alpha x + s) + beta
+        return mod.weight * torch.erf(mod.alpha * x + mod.shift) + mod.bias
     if hasattr(mod, "alpha"):  # DyT (Zhu et al. 2025)
         return mod.weight * torch.tanh(mod.alpha * x) + mod.bias
+    if hasattr(mod, "scale"):  # ScaleNorm (Nguyen & Salazar 2019): g x / max(|x|, eps)
+        return mod.scale * x / torch.clamp(torch.sqrt((x * x).sum(-1, keepdim=True)), min=mod.eps)
     if isinstance(mod, torch.nn.RMSNorm):
         return mod.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + mod.eps)
     return F.layer_norm(x, x.shape[-1:], mod.weight, mod.bias, mod.eps)
@@ -86,7 +91,7 @@ def reference(placement: str, layer, depth: int, x, mem=None):
             x = x + out(name)(f(n(name)(x)))
         elif placement == "olmo2":              # x + Norm(F(x))
             x = x + out(name)(f(x))
-        elif placement in ("qk_norm", "qk_layernorm"):  # Pre-LN, normalised q and k
+        elif placement in ("qk_norm", "qk_layernorm", "fixnorm"):  # Pre-LN (q, k or embeddings apart)
             x = x + f(n(name)(x))
         elif placement == "ln_scaling":         # x + F(LN(x) / sqrt(l))
             x = x + f(n(name)(x) / math.sqrt(depth))
@@ -118,14 +123,16 @@ def reference(placement: str, layer, depth: int, x, mem=None):
 @pytest.fixture(scope="module")
 def zoo_models(tiny_task):
     models = {p: build(tiny_task, p).double().eval() for p in ZOO}
-    models["dyt"] = build(tiny_task, "pre_ln", norm="dyt").double().eval()
+    for n in NORM_ZOO:
+        models[n] = build(tiny_task, "pre_ln", norm=n).double().eval()
     # Move every parameter that starts at a constant (norm gains and biases, ReZero's gates,
     # NormFormer's head scales) off it, so that the formulas test where each one sits.
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for model in models.values():
             for name, p in model.named_parameters():
-                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha", "_gain.weight")):
+                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha", ".shift", ".scale",
+                                                    "_gain.weight")):
                     p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype) + 0.1)
     return models
 
@@ -223,21 +230,56 @@ def test_admin_gains_are_the_papers_formula_of_the_profiled_variances(tiny_task)
         assert gain.requires_grad and torch.equal(gain, torch.full_like(gain, omega["decoder"][3 + i]))
 
 
-def test_dyt_replaces_every_norm(tiny_task, zoo_models):
-    from lnexp.model.norms import DyT
+# each norm group's module and its initial values: DyT's alpha0 (configs/norm/dyt.yaml, the paper's
+# default), Derf's alpha0 and shift0 (zlab-princeton/Derf Dynamic_erf's defaults), ScaleNorm's g = sqrt(d)
+# (tnq177/transformers_without_tears: ScaleNorm(args.embed_dim ** 0.5))
+NORM_INIT = {
+    "dyt": ("DyT", lambda m: m.alpha.item() == 0.5),
+    "derf": ("Derf", lambda m: m.alpha.item() == 0.5 and m.shift.item() == 0.0),
+    "scalenorm": ("ScaleNorm", lambda m: m.scale.item() == pytest.approx(16 ** 0.5, rel=1e-7)),
+}
 
-    fresh = [m for m in build(tiny_task, "pre_ln", norm="dyt").modules() if isinstance(m, DyT)]
-    assert fresh and all(m.alpha.item() == 0.5 for m in fresh)  # norm.alpha0 of configs/norm/dyt.yaml
-    model = zoo_models["dyt"]
-    dyts = [m for m in model.modules() if isinstance(m, DyT)]
+
+@pytest.mark.parametrize("name", NORM_ZOO)
+def test_a_norm_group_replaces_every_norm(tiny_task, zoo_models, name):
+    from lnexp.model import norms
+
+    kind = getattr(norms, NORM_INIT[name][0])
+    fresh = [m for m in build(tiny_task, "pre_ln", norm=name).modules() if isinstance(m, kind)]
+    assert fresh and all(NORM_INIT[name][1](m) for m in fresh)
+    model = zoo_models[name]
+    found = [m for m in model.modules() if isinstance(m, kind)]
     # 2 per encoder layer, 3 per decoder layer, the two final norms
-    assert len(dyts) == LAYERS * 5 + 2
+    assert len(found) == LAYERS * 5 + 2
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
     x = torch.randn(5, 2, 16, dtype=torch.float64)
     layer = model.encoder.layers[0]
     ref = x + sublayers(layer)[0][1](norm(layer.self_attn_layer_norm, x))
     ref = ref + sublayers(layer)[1][1](norm(layer.final_layer_norm, ref))
     torch.testing.assert_close(layer(x, None), ref, rtol=1e-10, atol=1e-10)
+
+
+def test_fixnorm_is_the_authors_embeddings_and_logits(zoo_models, tiny_batch):
+    """tnq177/transformers_without_tears model.py, Transformer.forward: the table made unit-length
+    (F.normalize), the input embedding F.embedding(toks, table) * sqrt(d), the logits
+    F.linear(decoder_output, table), the one table shared by encoder, decoder and output (float64)."""
+    model = zoo_models["fixnorm"]
+    src, lengths, prev, _ = tiny_batch
+    table = embedding_table(model.encoder)
+    assert table is embedding_table(model.decoder)
+    unit = table / table.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    got = model.encoder.forward_embedding(src)[1]  # fairseq's (x, embed): embed before positions
+    torch.testing.assert_close(got, F.embedding(src, unit) * math.sqrt(16), rtol=1e-12, atol=1e-12)
+    features = model.decoder(prev, encoder_out=model.encoder(src, lengths), features_only=True)[0]
+    torch.testing.assert_close(model.decoder.output_layer(features), F.linear(features, unit),
+                               rtol=1e-12, atol=1e-12)
+    # the rows' lengths do not matter: scaling one changes nothing the model computes
+    before = model(src, lengths, prev)[0]
+    with torch.no_grad():
+        table[5:9] *= 3.0
+    torch.testing.assert_close(model(src, lengths, prev)[0], before, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        table[5:9] /= 3.0
 
 
 def test_norm_free_schemes_have_no_norms_and_rezero_starts_at_the_identity(tiny_task, zoo_models):
@@ -652,7 +694,13 @@ def test_qk_norm_is_a_switch_of_any_placement(tiny_task):
         assert torch.equal(v, qk.state_dict()[k]), k
 
 
-@pytest.mark.parametrize("placement", ZOO)
+def embedding_table(stack) -> torch.Tensor:
+    """A stack's embedding parameter (under FixNorm's parametrization, the raw table)."""
+    emb = stack.embed_tokens
+    return emb.parametrizations.weight.original if hasattr(emb, "parametrizations") else emb.weight
+
+
+@pytest.mark.parametrize("placement", ZOO + NORM_ZOO)
 def test_gradients_reach_embeddings_and_incremental_decoding_equals_full(zoo_models, tiny_batch,
                                                                          placement):
     model = zoo_models[placement]
@@ -660,7 +708,7 @@ def test_gradients_reach_embeddings_and_incremental_decoding_equals_full(zoo_mod
     model.zero_grad()
     logits, _ = model(src, lengths, prev)
     F.cross_entropy(logits.transpose(1, 2), target).backward()
-    grad = model.encoder.embed_tokens.weight.grad
+    grad = embedding_table(model.encoder).grad
     assert torch.isfinite(grad).all() and grad.abs().sum() > 0
     enc = model.encoder(src, lengths)
     full = model.decoder(prev, encoder_out=enc)[0]
@@ -701,7 +749,7 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
     flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
     assert json.loads(flags["placement_spec"])["first_layers"]["fraction"] == 0.25
     assert json.loads(flags["placement_spec"])["structure"] == "resi_dual"
-    assert json.loads(flags["norm_spec"]) == {"name": "dyt", "alpha0": 0.7, "eps": None}
+    assert json.loads(flags["norm_spec"]) == {"name": "dyt", "alpha0": 0.7, "eps": None, "shift0": 0.0}
     capsys.readouterr()
     assert main(["evaluate", str(run), "--json", "--beam", "2"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -715,6 +763,33 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == Path(record[record["fairseq_output"]]).read_text().splitlines()
+
+
+@pytest.mark.parametrize("overrides", [["placement=fixnorm", "norm=scalenorm"],
+                                       ["norm=derf", "norm.shift0=0.1"]], ids=["fixnorm+scalenorm", "derf"])
+def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_multi30k, capsys,
+                                                                monkeypatch, overrides):
+    """Transformers without Tears' network and Derf, each a 2-update lnexp train run whose checkpoint
+    lnexp evaluate rebuilds (the placement and norm travel as JSON) and scores."""
+    import json
+
+    from lnexp import config
+    from lnexp.cli import main
+    from lnexp.train.loop import train_run
+
+    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    cfg = config.compose([*overrides, f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
+                          "scale.max_tokens=512", "max_update=2", "eval.subset=4", "eval.beam=2",
+                          "divergence.plateau_epoch=99"])
+    run = tmp_path / "run"
+    assert train_run(cfg, run)["status"] == "stopped"
+    flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
+    assert json.loads(flags["norm_spec"])["name"] == cfg.norm.name
+    assert json.loads(flags["placement_spec"])["fix_norm"] == (cfg.placement.name == "fixnorm")
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--json", "--beam", "2"]) == 0
+    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert record["n"] > 0 and record["bleu"] >= 0
 
 
 def test_admin_run_profiles_once_records_omega_and_its_checkpoint_carries_it(
@@ -787,11 +862,15 @@ def test_a_formula_key_takes_a_number_or_a_formula_whichever_the_yaml_has():
     assert compose(["placement=deepnorm", "placement.residual_weight=1.0"]).placement.residual_weight == 1.0
 
 
-@pytest.mark.parametrize("placement", __import__("lnexp.names", fromlist=["PLACEMENTS"]).PLACEMENTS)
-def test_every_scheme_takes_an_update_at_the_papers_size(tiny_task, tiny_batch, placement):
+PAPER_SIZE = [(p, "layernorm") for p in __import__("lnexp.names", fromlist=["PLACEMENTS"]).PLACEMENTS] \
+    + [("pre_ln", n) for n in NORM_ZOO]
+
+
+@pytest.mark.parametrize("placement,norm_name", PAPER_SIZE, ids=[f"{p}+{n}" for p, n in PAPER_SIZE])
+def test_every_scheme_takes_an_update_at_the_papers_size(tiny_task, tiny_batch, placement, norm_name):
     """The paper's IWSLT architecture (6+6 layers, d=512, FFN 1024, 4 heads; lnexp.names
-    ARCH_SIZES), each scheme as lnexp train builds it (Admin profiled first): a finite loss,
-    gradients at the embeddings, and one SGD update that lowers the loss on its batch."""
+    ARCH_SIZES), each scheme as lnexp train builds it (Admin profiled first), each norm in Pre-LN:
+    a finite loss, gradients at the embeddings, and one SGD update that lowers the loss on its batch."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from lnexp.model.admin import PROFILERS
@@ -801,7 +880,7 @@ def test_every_scheme_takes_an_update_at_the_papers_size(tiny_task, tiny_batch, 
 
     spec = placement_of(SimpleNamespace(placement=placement))
     torch.manual_seed(0)
-    args = tiny_args("ln_transformer_iwslt_de_en", placement=placement,
+    args = tiny_args("ln_transformer_iwslt_de_en", placement=placement, norm=norm_name,
                      placement_spec=spec.to_json(), **arch_flags("ln_transformer_iwslt_de_en"))
     model = ARCH_MODEL_REGISTRY["ln_transformer"].build_model(args, tiny_task)
     assert model.encoder.layers[0].fc1.weight.shape == (1024, 512) and len(model.decoder.layers) == 6
@@ -815,7 +894,7 @@ def test_every_scheme_takes_an_update_at_the_papers_size(tiny_task, tiny_batch, 
 
     before = loss()
     before.backward()
-    assert torch.isfinite(before) and model.encoder.embed_tokens.weight.grad.abs().sum() > 0
+    assert torch.isfinite(before) and embedding_table(model.encoder).grad.abs().sum() > 0
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:

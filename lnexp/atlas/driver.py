@@ -13,7 +13,7 @@ lnexp.atlas.plan.allocate), then the bisection phases with what the budget has l
 
 The grid (lrs, warm-ups, depths, seeds) is the experiment's ``hydra.sweeper.params``; the schemes are
 every configs/placement/*.yaml with norm=layernorm (a copy of another's network once:
-``same_networks``), and DYT_PLACEMENTS with norm=dyt.
+``same_networks``), and each other norm in NORM_PLACEMENTS' placements.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ from lnexp.atlas.outcomes import Arm, Cells, Scheme, cells, outcome
 from lnexp.atlas.plan import Job, Seen, allocate, fits, next_cells
 from lnexp.errors import ArgumentParser, UserError
 
-DYT_PLACEMENTS = ("pre_ln", "post_ln")  # norm=dyt cells: DyT against LayerNorm in the same placement
+# Each norm but LayerNorm (lnexp.names.NORMS) is a scheme in these placements, compared with LayerNorm
+# in the same placement: Pre-LN, and Post-LN too for DyT (its parity claim covers both)
+NORM_PLACEMENTS = {"dyt": ("pre_ln", "post_ln")}
+NORM_PLACEMENTS_DEFAULT = ("pre_ln",)
 # Seconds per run, two jobs of one thread each on 2 idle cores, before any run of this atlas has
 # been timed (mini: the medians of the Intel make atlas of 2026-12-02, docs/results.md); measured runs replace
 # them (the slowest, +10%).
@@ -77,7 +80,15 @@ def atlas_placements() -> list[str]:
 
 def schemes() -> list[Scheme]:
     placements = atlas_placements()
-    return [Scheme(p) for p in placements] + [Scheme(p, "dyt") for p in DYT_PLACEMENTS if p in placements]
+    return [Scheme(p) for p in placements] + [Scheme(p, n) for n, ps in norm_placements().items()
+                                              for p in ps if p in placements]
+
+
+def norm_placements() -> dict[str, tuple[str, ...]]:
+    """{norm: the placements it is a scheme in}, for every norm but LayerNorm."""
+    from lnexp.names import NORMS
+
+    return {n: NORM_PLACEMENTS.get(n, NORM_PLACEMENTS_DEFAULT) for n in NORMS if n != "layernorm"}
 
 
 def coverage(grid: Grid, kinds: list[Scheme]) -> list[Job]:
@@ -342,7 +353,8 @@ def full_grid_commands(scale: str, grid: Grid) -> list[str]:
     )
     return [
         f"lnexp train -m {common} placement={','.join(placements)} norm=layernorm",
-        f"lnexp train -m {common} placement={','.join(DYT_PLACEMENTS)} norm=dyt",
+        *(f"lnexp train -m {common} placement={','.join(ps)} norm={n}"
+          for n, ps in norm_placements().items()),
     ]
 
 

@@ -45,7 +45,7 @@ def stable_of(outcomes: Iterable[str]) -> bool | None:
 
 @dataclass(frozen=True, order=True)
 class Scheme:
-    """A placement with a norm (norm=dyt is its own group, combinable with any placement)."""
+    """A placement with a norm (the norm is its own group, combinable with any placement)."""
 
     placement: str
     norm: str = "layernorm"

@@ -35,9 +35,10 @@ def order(schemes: list[str], lr_rows: list[dict[str, Any]], depth: int) -> list
 
 def label(scheme: str) -> str:
     from lnexp.figures import style
+    from lnexp.names import NORM_LABELS
 
     p, _, n = scheme.partition("+")
-    return style.LABELS.get(p, p) + (f"+{'DyT' if n == 'dyt' else n}" if n else "")
+    return style.LABELS.get(p, p) + (f"+{NORM_LABELS.get(n, n)}" if n else "")
 
 
 def bound_text(row: dict[str, Any] | None) -> str:

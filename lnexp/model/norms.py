@@ -1,4 +1,4 @@
-"""Normalisation layers selectable by name (``norm=layernorm|rmsnorm|dyt``, configs/norm/)."""
+"""Normalisation layers selectable by name (``norm=layernorm|rmsnorm|dyt|scalenorm|derf``, configs/norm/)."""
 
 from __future__ import annotations
 
@@ -22,19 +22,51 @@ class DyT(nn.Module):
         return self.weight * torch.tanh(self.alpha * x) + self.bias
 
 
+class ScaleNorm(nn.Module):
+    """ScaleNorm (Nguyen & Salazar 2019): g * x / max(|x|, eps), g one learnable scalar, sqrt(d) at
+    init, as tnq177/transformers_without_tears builds it (layers.py ScaleNorm)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(float(dim) ** 0.5))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * (self.scale / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=self.eps))
+
+
+class Derf(nn.Module):
+    """Dynamic erf (Chen et al. 2025): gamma * erf(alpha * x + s) + beta, alpha and s one learnable
+    scalar each, as zlab-princeton/Derf builds it (Dynamic_erf)."""
+
+    def __init__(self, dim: int, alpha0: float, shift0: float) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((1,), float(alpha0)))
+        self.shift = nn.Parameter(torch.full((1,), float(shift0)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * torch.erf(self.alpha * x + self.shift) + self.bias
+
+
 def is_fairseq_layernorm(norm: Norm) -> bool:
     """The norm fairseq's layers already build (LayerNorm, eps 1e-5): kept, not rebuilt."""
     return norm.name == "layernorm" and norm.eps == 1e-5
 
 
 def make_norm(norm: Norm | str, dim: int) -> nn.Module:
-    """fairseq's LayerNorm (fused on GPU when apex is there), RMSNorm as in LLaMA, or DyT."""
+    """fairseq's LayerNorm (fused on GPU when apex is there), RMSNorm as in LLaMA, DyT, ScaleNorm or
+    Derf."""
     norm = Norm(norm) if isinstance(norm, str) else norm
-    if norm.name == "layernorm":
-        return LayerNorm(dim, eps=norm.eps)
-    if norm.name == "rmsnorm":
-        return nn.RMSNorm(dim, eps=norm.eps, elementwise_affine=True)
-    return DyT(dim, norm.alpha0)
+    build = {
+        "layernorm": lambda: LayerNorm(dim, eps=norm.eps),
+        "rmsnorm": lambda: nn.RMSNorm(dim, eps=norm.eps, elementwise_affine=True),
+        "dyt": lambda: DyT(dim, norm.alpha0),
+        "scalenorm": lambda: ScaleNorm(dim, norm.eps),
+        "derf": lambda: Derf(dim, norm.alpha0, norm.shift0),
+    }
+    return build[norm.name]()
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -27,6 +27,7 @@ from fairseq.models.transformer.transformer_config import (
     DEFAULT_MAX_TARGET_POSITIONS,
 )
 from torch import nn
+from torch.nn import functional as F
 
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
@@ -162,6 +163,8 @@ class LNTransformerModel(TransformerModel):
         _scale_embeddings_(model, {stack: evaluate(placement.init.embed_gain, stack, 0,
                                                    cfg.encoder.layers, cfg.decoder.layers)
                                    for stack in ("encoder", "decoder")})
+        if placement.fix_norm:
+            _fix_norm_(model)
         return model
 
     @classmethod
@@ -184,6 +187,28 @@ def _scale_embeddings_(model, gains: dict[str, float]) -> None:
         dec = model.decoder.embed_tokens.weight
         if dec is not enc and gains["decoder"] != 1.0:
             dec.mul_(gains["decoder"])
+
+
+class UnitRows(nn.Module):
+    """FixNorm (Nguyen & Salazar 2019): each word's embedding at unit length, g = fairseq's sqrt(d)
+    embedding scale, as tnq177/transformers_without_tears (model.py: F.normalize of the table, used
+    for the input embeddings and the output logits alike)."""
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return F.normalize(weight, dim=-1)
+
+
+def _fix_norm_(model) -> None:
+    """Every embedding table, and the output projection, read through :class:`UnitRows` (torch's
+    parametrizations: a shared table is one parameter, normalised wherever it is used)."""
+    from torch.nn.utils import parametrize
+
+    seen: set[int] = set()
+    for module in (model.encoder.embed_tokens, model.decoder.embed_tokens,
+                   getattr(model.decoder, "output_projection", None)):
+        if module is not None and id(module) not in seen:
+            seen.add(id(module))
+            parametrize.register_parametrization(module, "weight", UnitRows())
 
 
 def ln_base_architecture(args) -> None:
