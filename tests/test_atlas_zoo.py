@@ -357,10 +357,12 @@ def test_allocation_gives_the_next_slots_to_the_cheapest_undecided_claim():
     beyond = Need("beyond", False, (Job(arm("e", 18), 1, 1),) * 1, 5000.0)
     assert allocate([dear, done, cheap, beyond], 2, 4000.0) == list(cheap.jobs)
     # more slots: the next claim's runs follow, a run two claims share is launched once
-    assert allocate([dear, done, cheap, beyond], 4, 4000.0) == [*cheap.jobs, dear.jobs[0]]
+    assert allocate([dear, done, cheap, beyond], 4, 1200.0) == [*cheap.jobs, dear.jobs[0]]
     assert allocate([done], 2, 4000.0) == []  # a decided claim gets no run
-    assert allocate([beyond], 2, 4000.0) == []  # nor one the budget cannot decide
-    assert allocate([beyond], 2, 6000.0) == list(beyond.jobs)
+    # nor one the budget cannot decide: 5000 s of one job are 2500 s on 2 jobs at once
+    assert allocate([beyond], 2, 2400.0) == []
+    assert allocate([beyond], 2, 2600.0) == list(beyond.jobs)
+    assert allocate([beyond], 1, 4000.0) == []
 
 
 def mem_run(placement: str, lr: float, seed: int, loss: float | None, norm: str = "layernorm",

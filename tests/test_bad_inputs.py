@@ -70,7 +70,7 @@ CASES = [
     ("train warmup=2.5", "warmup=2.5 is not a whole number: e.g. warmup=4000"),
     ("train max_epoch=0", "max_epoch=0 must be a whole number >= 1"),
     ("train track_norms=yes", "track_norms='yes' is not true or false: e.g. track_norms=false"),
-    ("train norm=batchnorm", "norm=batchnorm is not an option of the norm group: use one of dyt, "),
+    ("train norm=batchnorm", "norm=batchnorm is not an option of the norm group: use one of derf, dyt, "),
     # --- lnexp train: keys that do not exist, twice, deleted ---------------------------------
     ("train +foo=1", "foo is not a key of lnexp's training config"),
     ("train +optimizer.bets=[0.9,0.98]", "did you mean optimizer.betas?"),
@@ -86,7 +86,7 @@ CASES = [
     # --- lnexp train: groups, sweeps, folders, Hydra's flags ---------------------------------
     ("train depth=1000000", "depth=1000000 is more than 1000 layers a stack"),
     ("train depth=0", "depth=0 must be a whole number of layers >= 1"),
-    ("train placement=preln", "use one of admin, b2t, b2t_noinit, deepnorm, hybridnorm, "),
+    ("train placement=preln", "use one of admin, b2t, b2t_noinit, deepnorm, fixnorm, hybridnorm, "),
     ("train placement=_base", "placement=_base is what the placement options share, not one of them: "
      "choose one of admin, b2t, "),
     ("train placement=deepnorm placement.residual_weight=alpha",

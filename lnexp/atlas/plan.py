@@ -106,10 +106,11 @@ class Need:
 
 
 def allocate(needs: Iterable[Need], slots: int, remaining_s: float) -> list[Job]:
-    """The next round of a sequential design: ``slots`` runs for the undecided claims, the cheapest
-    to decide first (its runs in order, then the next claim's). A decided claim gets none, nor one
-    whose runs cost more than the budget left (it reports the runs it would still need)."""
-    open_ = sorted((n for n in needs if not n.decided and n.jobs and n.cost_s <= remaining_s),
+    """The next round of a sequential design: ``slots`` runs (the jobs that run at once) for the
+    undecided claims, the cheapest to decide first (its runs in order, then the next claim's). A
+    decided claim gets none, nor one whose runs take longer than the budget left on ``slots`` jobs
+    (its cost is in seconds of one job; it reports the runs it would still need)."""
+    open_ = sorted((n for n in needs if not n.decided and n.jobs and n.cost_s / max(slots, 1) <= remaining_s),
                    key=lambda n: (n.cost_s, n.claim))
     out: list[Job] = []
     for n in open_:
