@@ -20,7 +20,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from lnexp.names import CONFIG_DIR, option_files
@@ -375,17 +375,28 @@ def group_file(group: str, name: str) -> Any:
 def _layers(group: str, name: str) -> list[Any]:
     from omegaconf import OmegaConf
 
-    node = OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml")
-    entries = list(node.pop("defaults", None) or [])
-    if "_self_" not in entries:  # Hydra's rule for a config that is not the primary one
-        entries.append("_self_")
+    own, entries = _read(group, name)
     out = []
     for entry in entries:
-        if not isinstance(entry, str):
-            raise ValueError(f"configs/{group}/{name}.yaml: its defaults list takes names of "
-                             f"configs/{group}/ files and _self_, got {entry!r}")
-        out += [node] if entry == "_self_" else _layers(group, entry)
+        out += [OmegaConf.create(own)] if entry == "_self_" else _layers(group, entry)
     return out
+
+
+@cache
+def _read(group: str, name: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """configs/GROUP/NAME.yaml's own keys (unresolved) and its defaults list, read once per process
+    (every scheme starts from placement/_base.yaml; the files do not change under a process)."""
+    from omegaconf import OmegaConf
+
+    own = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml"), resolve=False)
+    entries = list(own.pop("defaults", None) or [])
+    if "_self_" not in entries:  # Hydra's rule for a config that is not the primary one
+        entries.append("_self_")
+    bad = [e for e in entries if not isinstance(e, str)]
+    if bad:
+        raise ValueError(f"configs/{group}/{name}.yaml: its defaults list takes names of "
+                         f"configs/{group}/ files and _self_, got {bad[0]!r}")
+    return own, tuple(entries)
 
 
 def about(placement: str) -> dict[str, Any]:
