@@ -471,6 +471,9 @@ def validate(cfg: DictConfig) -> None:
         if isinstance(value, str | int | float) and value not in allowed:
             raise ConfigError(f"{key}={value!r} is not one of {', '.join(allowed)}")
     try:  # the placement and norm groups' structure (lnexp/scheme.py)
-        Placement.from_config(cfg.placement), Norm.from_config(cfg.norm)
+        placement, norm = Placement.from_config(cfg.placement), Norm.from_config(cfg.norm)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if placement.sphere and norm.name != "layernorm":
+        raise ConfigError(f"placement={placement.name} normalises with x/|x| everywhere (placement.sphere"
+                          f"=true), so norm={norm.name} would change nothing: drop norm={norm.name}")

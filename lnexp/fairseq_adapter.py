@@ -290,6 +290,7 @@ def train_step(trainer, samples) -> dict[str, Any] | None:
     scale = loss_scale(trainer)
     if trainer.get_num_updates() == before:
         return {"overflow": True, "loss_scale": scale}
+    after_update(trainer)
 
     def avg(key: str) -> float:
         m = meters.get(key)
@@ -321,10 +322,20 @@ def stepped_grads(trainer):
     parameter), while the model's ``.grad`` keeps the raw (loss-scaled) sum; this returns the view
     of the master gradient for that parameter. Valid until the next update zeroes gradients.
     """
+    master = _masters(trainer)
+    if master is None:
+        return lambda p: p.grad
+    return lambda p: master(p, grad=True)
+
+
+def _masters(trainer):
+    """``master(param, grad=False)``: the view of the fp32 master copy that ``FP16Optimizer`` (bf16,
+    fp16) steps for a model parameter (of its gradient with ``grad``), None for a frozen one;
+    None where the optimizer steps the model's own parameters (fp32)."""
     opt = trainer.optimizer
     fp32 = getattr(opt, "fp32_params", None)
     if fp32 is None:
-        return lambda p: p.grad
+        return None
     trainable = [p for p in opt.fp16_params if p.requires_grad]
     where: dict[int, Any] = {}
     if opt.has_flat_params:  # one flat fp32 tensor per device, parameters in order (fairseq's sync)
@@ -335,16 +346,31 @@ def stepped_grads(trainer):
             where[id(p)] = (fp32[key], start, p.numel(), p.shape)
             offsets[key] = start + p.numel()
 
-        def flat(p):
+        def flat(p, grad: bool = False):
             if id(p) not in where:
                 return None
             master, start, n, shape = where[id(p)]
-            grad = master.grad
-            return None if grad is None else grad[start:start + n].view(shape)
+            held = master.grad if grad else master.data
+            return None if held is None else held[start:start + n].view(shape)
         return flat
     for p, p32 in zip(opt.fp16_params, fp32, strict=True):
         where[id(p)] = p32
-    return lambda p: where[id(p)].grad if id(p) in where else None
+
+    def each(p, grad: bool = False):
+        if id(p) not in where:
+            return None
+        return where[id(p)].grad if grad else where[id(p)].data
+    return each
+
+
+def after_update(trainer) -> None:
+    """The model's own step after each optimizer update, if it has one (nGPT renormalises its
+    matrices), on the model's parameters and on the fp32 master copies the optimizer steps."""
+    hook = getattr(trainer.get_model(), "after_update", None)
+    if hook is None:
+        return
+    master = _masters(trainer)
+    hook(None if master is None else lambda p: [t for t in [master(p)] if t is not None])
 
 
 def updates_per_epoch(cfg) -> int:

@@ -136,7 +136,7 @@ SUBLAYERS = ("attention", "cross_attention", "ffn")
 # what a ``sublayers`` entry can set: the switches, NormFormer's head scale, and whether the scheme's
 # init gain reaches that sub-layer's matrices (torchscale's Sub-LN skips the cross-attention)
 SUBLAYER_KEYS = (*SWITCHES, "head_scale", "scaled_init")
-QK_NORM_FORMS = ("layernorm", "l2")
+QK_NORM_FORMS = ("layernorm", "l2", "sphere")
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,8 @@ class Placement:
     residual_gain: bool = False  # Admin: a learnable per-dimension weight on x, set by init.profile
     qk_norm: bool = False  # queries and keys normalised per head before their dot product
     # layernorm: the configured norm per head, 1/sqrt(d_h) kept (ViT-22B's QK-LayerNorm); l2: Henry
-    # et al. 2020's q/|q|, k/|k| per head with a learned scalar g (from qk_scale0) in place of 1/sqrt(d_h)
+    # et al. 2020's q/|q|, k/|k| per head with a learned scalar g (from qk_scale0) in place of 1/sqrt(d_h);
+    # sphere: nGPT's s_qk*q/|q|, s_qk*k/|k| per head, s_qk learned per dimension, softmax scale sqrt(d_h)
     qk_norm_form: str = "layernorm"
     qk_scale0: float = 9.954196310386875  # Henry et al.'s g at init: log2(L^2 - L), L = 32 tokens
     v_norm: bool = False  # values normalised per head too (HybridNorm's QKV-norm)
@@ -183,6 +184,10 @@ class Placement:
     final_norm: bool = False  # a norm on each stack's output
     embed_norm: bool = False  # a norm on the embeddings
     fix_norm: bool = False  # FixNorm: every word embedding at unit length (times fairseq's sqrt(d))
+    # nGPT (Loshchilov et al. 2024): every norm is x/|x|, the sum h + a*(y - h) with a learned per
+    # dimension, weights renormalised after each update (lnexp/model/sphere.py)
+    sphere: bool = False
+    sphere_alpha0: float = 0.05  # nGPT's a at init (its eigen learning rate), every dimension
     sublayers: dict[str, dict[str, bool]] | None = None  # {attention|ffn: {switch: value}}
     first_layers: dict[str, Any] | None = None  # {fraction: a, switch: value...}: layers l <= floor(a L)
     init: Init = field(default_factory=Init)
@@ -190,7 +195,7 @@ class Placement:
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
         flags = ("branch_gate", "shared_gate", "residual_gain", "qk_norm", "v_norm", "head_scale",
-                 "final_norm", "embed_norm", "fix_norm", *SWITCHES)
+                 "final_norm", "embed_norm", "fix_norm", "sphere", *SWITCHES)
         for key in flags:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "
@@ -215,6 +220,17 @@ class Placement:
         if isinstance(self.qk_scale0, bool) or not isinstance(self.qk_scale0, int | float):
             raise ValueError(f"{where}: qk_scale0={self.qk_scale0!r} must be a number: e.g. "
                              "placement.qk_scale0=9.954")
+        if isinstance(self.sphere_alpha0, bool) or not isinstance(self.sphere_alpha0, int | float) \
+                or not 0 < self.sphere_alpha0 <= 1:
+            raise ValueError(f"{where}: sphere_alpha0={self.sphere_alpha0!r} must be a number in (0, 1]: "
+                             "e.g. placement.sphere_alpha0=0.05")
+        if self.sphere and (not self.sum_norm or self.residual_gain or self.branch_gate):
+            raise ValueError(f"{where}: sphere keeps the stream on the unit sphere with its own sum "
+                             "(h + a*(y - h), then x/|x|): set sum_norm=true, residual_gain=false and "
+                             "branch_gate=false")
+        if self.qk_norm_form == "sphere" and not self.sphere:
+            raise ValueError(f"{where}: qk_norm_form=sphere is nGPT's attention and needs its unit "
+                             "stream: set sphere=true, or qk_norm_form=l2")
         if not isinstance(self.init.bias, bool):
             raise ValueError(f"{where}: init.bias={self.init.bias!r} must be true or false")
         if self.init.draw not in DRAWS:

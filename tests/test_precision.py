@@ -14,7 +14,8 @@ TINY = ["dataset.vocab_size=600", "depth.encoder_layers=2", "depth.decoder_layer
         "scale.max_tokens=400", "scale.dropout=0", "device=cpu", "threads=1"]
 
 
-def build(small_multi30k, tmp_path, monkeypatch, precision: str, **extra):
+def build(small_multi30k, tmp_path, monkeypatch, precision: str, overrides: tuple[str, ...] = (),
+          **extra):
     """lnexp's training objects (the adapter calls of lnexp.train.loop) in ``precision``.
 
     lnexp refuses bf16/fp16 on CPU (slow, no use); here the fairseq flags are set directly.
@@ -26,7 +27,7 @@ def build(small_multi30k, tmp_path, monkeypatch, precision: str, **extra):
     from lnexp.train import settings
 
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
-    cfg = compose([f"dataset.dir={small_multi30k}", *TINY])
+    cfg = compose([f"dataset.dir={small_multi30k}", *TINY, *overrides])
     fcfg = settings.fairseq_config(
         cfg, "cpu", 1, save_dir=str(tmp_path / "ckpt"), no_progress_bar=True,
         disable_validation=True, bf16=precision == "bf16", fp16=precision == "fp16",
@@ -260,3 +261,33 @@ def test_bf16_autocast_trains_like_fp32_and_says_so(small_multi30k, tmp_path, mo
     assert run16["stock_fairseq_train"] is None  # stock fairseq has no such path
     state = torch.load(tmp_path / "bf16" / "checkpoints" / "checkpoint_last.pt", weights_only=False)
     assert {v.dtype for v in state["model"].values() if v.is_floating_point()} == {torch.float32}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_ngpt_matrices_and_their_fp32_master_copies_stay_on_the_sphere(small_multi30k, tmp_path,
+                                                                        monkeypatch, precision,
+                                                                        cpu_overflow_branch):
+    """nGPT renormalises after each update (fairseq_adapter.train_step -> the model's after_update):
+    the model's matrices and, under FP16Optimizer, the fp32 masters that the next step starts from."""
+    from lnexp import fairseq_adapter as fa
+    from lnexp.model.sphere import sphere_weights
+
+    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, precision,
+                                    overrides=("placement=ngpt",))
+    for batch in batches:  # fp16: an update the loss scaler skips is no update
+        assert fa.train_step(trainer, batch) is not None
+        if trainer.get_num_updates() == 2:
+            break
+    assert trainer.get_num_updates() == 2
+    master = fa._masters(trainer)
+    assert (master is None) == (precision == "fp32")
+    checked = 0
+    for p, dim in sphere_weights(model):
+        for held, tol in [(p.float(), 1e-6 if precision == "fp32" else 1e-2),
+                          *([(master(p), 1e-6)] if master is not None else [])]:
+            lengths = held.norm(dim=dim)
+            lengths = lengths[lengths > 0]  # the padding embedding stays zero
+            assert (lengths - 1).abs().max() < tol
+            checked += 1
+    # one shared table, then q, k, v, out (twice in the decoder), fc1 and fc2 of each 2+2 layer
+    assert checked == (1 + 2 * 6 + 2 * 10) * (2 if master is not None else 1)

@@ -16,6 +16,7 @@ ZOO = ("sandwich_ln", "olmo2", "qk_norm", "qk_layernorm", "ln_scaling", "mix_ln"
        "rezero_per_sublayer", "b2t", "b2t_noinit", "t_fixup", "sub_ln", "normformer", "hybridnorm",
        "admin", "resi_dual", "fixnorm")
 NORM_ZOO = ("dyt", "scalenorm", "derf")  # Pre-LN with each norm that is not LayerNorm's kin
+OWN_TESTS = ("ngpt",)  # schemes whose formula tests live in a file of their own (tests/test_ngpt.py)
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
 
@@ -125,6 +126,8 @@ def zoo_models(tiny_task):
     models = {p: build(tiny_task, p).double().eval() for p in ZOO}
     for n in NORM_ZOO:
         models[n] = build(tiny_task, "pre_ln", norm=n).double().eval()
+    for p in OWN_TESTS:
+        models[p] = build(tiny_task, p).double().eval()
     # Move every parameter that starts at a constant (norm gains and biases, ReZero's gates,
     # NormFormer's head scales) off it, so that the formulas test where each one sits.
     g = torch.Generator().manual_seed(2)
@@ -700,7 +703,7 @@ def embedding_table(stack) -> torch.Tensor:
     return emb.parametrizations.weight.original if hasattr(emb, "parametrizations") else emb.weight
 
 
-@pytest.mark.parametrize("placement", ZOO + NORM_ZOO)
+@pytest.mark.parametrize("placement", ZOO + NORM_ZOO + OWN_TESTS)
 def test_gradients_reach_embeddings_and_incremental_decoding_equals_full(zoo_models, tiny_batch,
                                                                          placement):
     model = zoo_models[placement]
@@ -766,11 +769,12 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
 
 
 @pytest.mark.parametrize("overrides", [["placement=fixnorm", "norm=scalenorm"],
-                                       ["norm=derf", "norm.shift0=0.1"]], ids=["fixnorm+scalenorm", "derf"])
+                                       ["norm=derf", "norm.shift0=0.1"], ["placement=ngpt"]],
+                         ids=["fixnorm+scalenorm", "derf", "ngpt"])
 def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_multi30k, capsys,
                                                                 monkeypatch, overrides):
-    """Transformers without Tears' network and Derf, each a 2-update lnexp train run whose checkpoint
-    lnexp evaluate rebuilds (the placement and norm travel as JSON) and scores."""
+    """Transformers without Tears' network, Derf and nGPT, each a 2-update lnexp train run whose
+    checkpoint lnexp evaluate rebuilds (the placement and norm travel as JSON) and scores."""
     import json
 
     from lnexp import config

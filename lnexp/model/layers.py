@@ -17,6 +17,7 @@ from fairseq.modules.transformer_layer import (
 )
 from torch import Tensor, nn
 
+from lnexp.model import sphere
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
 from lnexp.model.placement import ResidualGain, ResidualSpec, init_layer_, residual_step
 from lnexp.scheme import MATRICES, STRUCTURES, Norm
@@ -26,22 +27,24 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
     """For each sub-layer: its main norm (input or sum), its output norm and its gate, as its spec
     says; fairseq's own LayerNorm module is kept where it is the configured norm."""
     dim = layer.embed_dim
+    scheme = layer.spec.scheme
+    # nGPT's norms are x/|x| whatever the norm group (lnexp.config refuses another norm with it)
+    build = sphere.Unit if scheme.sphere else partial(make_norm, norm, dim)
     # ReZero's code (majumderb/rezero rztx.py RZTXEncoderLayer/RZTXDecoderLayer): one resweight per
     # layer, read by each of its sub-layers
-    scheme = layer.spec.scheme
     layer.layer_gate = nn.Parameter(torch.zeros(1)) if scheme.branch_gate and scheme.shared_gate else None
     for name in names:
         spec = layer.spec_of(name.replace("_layer_norm", ""))
         if not spec.has_norm:
             setattr(layer, name, None)
-        elif not is_fairseq_layernorm(norm):
-            setattr(layer, name, make_norm(norm, dim))
-        setattr(layer, name.replace("layer_norm", "out_norm"),
-                make_norm(norm, dim) if spec.output_norm else None)
+        elif scheme.sphere or not is_fairseq_layernorm(norm):
+            setattr(layer, name, build())
+        setattr(layer, name.replace("layer_norm", "out_norm"), build() if spec.output_norm else None)
         setattr(layer, name.replace("layer_norm", "gate"),
                 nn.Parameter(torch.zeros(1)) if scheme.branch_gate and not scheme.shared_gate else None)
-        setattr(layer, name.replace("layer_norm", "gain"),
-                ResidualGain(dim) if scheme.residual_gain else None)
+        gain = ResidualGain(dim) if scheme.residual_gain else \
+            sphere.SphereStep(dim, scheme.sphere_alpha0) if scheme.sphere else None
+        setattr(layer, name.replace("layer_norm", "gain"), gain)
     ffn = layer.spec_of("final")
     layer.final_inner_norm = make_norm(norm, layer.fc1.out_features) if ffn.inner_norm else None
 
@@ -114,8 +117,10 @@ def _install_attention_parts(attn: nn.Module, spec: ResidualSpec, norm: Norm) ->
     heads, head_dim = attn.num_heads, attn.head_dim
     hooked = False
     scheme = spec.scheme
+    if scheme.qk_norm and scheme.qk_norm_form == "sphere":
+        sphere.install_attention(attn)
     for proj, on in (("q", scheme.qk_norm), ("k", scheme.qk_norm), ("v", scheme.v_norm)):
-        if on:
+        if on and not (proj != "v" and scheme.qk_norm_form == "sphere"):
             if proj != "v" and scheme.qk_norm_form == "l2":
                 part: nn.Module = _HeadL2(heads, head_dim, scheme.qk_scale0 if proj == "q" else None)
             else:
@@ -146,6 +151,8 @@ def _set_up(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec,
         init_layer_(layer.spec_of(name), {m: getattr(attn, m) for m in MATRICES if m not in ("fc1", "fc2")})
     for name, attn in attns.items():
         _install_attention_parts(attn, layer.spec_of(name), norm)
+    if spec.scheme.sphere:
+        sphere.install_ffn(layer)
 
 
 class _Steps:

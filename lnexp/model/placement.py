@@ -7,7 +7,8 @@ placement's YAML sets (configs/placement/*.yaml, read by lnexp.scheme.Placement)
     y = Norm_out(F(h))          if output_norm
     r = Norm_in(x) if norm_residual else x       (HybridNorm's FFN: the sum starts after the norm)
     x <- a*w*r + dt*g*y [+ skip]  (a = residual_weight, w = Admin's per-dimension gain,
-                                   g = ReZero's gate, skip = a structure's extra term)
+                                   g = ReZero's gate, skip = a structure's extra term;
+                                   nGPT's sphere: x <- x + |a|*(y - x), a learned per dimension)
     x <- Norm(x)                if sum_norm
 
     post_ln   x <- Norm(x + dt*F(x))
@@ -106,10 +107,12 @@ def residual_step(
     dropout: nn.Module,
     gate: torch.Tensor | None = None,
     skip: torch.Tensor | None = None,
-    gain: ResidualGain | None = None,
+    gain: nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Apply one residual sub-layer with its norms where ``spec`` puts them; returns the new x and
-    the branch it added (ResiDual's dual stream sums the branches).
+    the branch it added (ResiDual's dual stream sums the branches). ``gain``, if any, makes the sum
+    of the residual and the branch: Admin's ``ResidualGain`` w*x + y, nGPT's ``SphereStep``
+    x + |a|*(y - x) (lnexp/model/sphere.py).
 
     Scalings equal to 1 are skipped so that Post-/Pre-LN run exactly fairseq's arithmetic.
     """

@@ -29,6 +29,7 @@ from fairseq.models.transformer.transformer_config import (
 from torch import nn
 from torch.nn import functional as F
 
+from lnexp.model import sphere
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
 from lnexp.model.placement import ResidualSpec
@@ -58,10 +59,11 @@ def _next_specs(stack_module, cfg: LNTransformerConfig, stack: str) -> dict[str,
 
 def _swap_stack_norms(module, cfg: LNTransformerConfig) -> None:
     """Use the configured norm for the stack's final and embedding norms too."""
-    norm = norm_of(cfg)
+    norm, on_sphere = norm_of(cfg), placement_of(cfg).sphere
     for name in ("layer_norm", "layernorm_embedding"):
-        if getattr(module, name, None) is not None and not is_fairseq_layernorm(norm):
-            setattr(module, name, make_norm(norm, module.embed_tokens.embedding_dim))
+        if getattr(module, name, None) is not None and (on_sphere or not is_fairseq_layernorm(norm)):
+            setattr(module, name, sphere.Unit() if on_sphere else
+                    make_norm(norm, module.embed_tokens.embedding_dim))
 
 
 class _Join(nn.Module):
@@ -165,7 +167,16 @@ class LNTransformerModel(TransformerModel):
                                    for stack in ("encoder", "decoder")})
         if placement.fix_norm:
             _fix_norm_(model)
+        model.on_sphere = placement.sphere
+        if placement.sphere:
+            sphere.install_model(model)
         return model
+
+    def after_update(self, copies=None) -> None:
+        """What the scheme does after each optimizer update (the trainer calls it): nGPT puts its
+        matrices back on the sphere; ``copies(p)``: the fp32 master tensors holding p, if any."""
+        if getattr(self, "on_sphere", False):
+            sphere.renormalise_(self, copies)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
