@@ -20,7 +20,7 @@ def option_files(group: str) -> list[Path]:
 PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in option_files("placement") if p.stem not in _FIRST))
 # configs/norm/NAME.yaml, each a module of lnexp/model/norms.py, and its name in figures
 NORM_LABELS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "dyt": "DyT", "scalenorm": "ScaleNorm",
-               "derf": "Derf"}
+               "derf": "Derf", "seednorm": "SeeDNorm"}
 NORMS = tuple(NORM_LABELS)
 SCHEDULES = ("inverse_sqrt", "constant", "step", "linear")
 # auto: bf16 autocast on a CPU with bf16 units whose self-check passes, else fp32 (lnexp/train/precision.py)

@@ -328,8 +328,10 @@ def _check_value(where: str, key: str, value: Any) -> None:
         raise ValueError(f"{where}: {key}={value!r} must be a number or one of {', '.join(FORMULAS)}")
 
 
-# LayerNorm's and RMSNorm's eps is added under the root; ScaleNorm's bounds the norm from below
-_DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6, "scalenorm": 1e-5}
+# LayerNorm's, RMSNorm's and SeeDNorm's eps is added under the root; ScaleNorm's bounds the norm from below
+_DEFAULT_EPS = {"layernorm": 1e-5, "rmsnorm": 1e-6, "scalenorm": 1e-5, "seednorm": 1e-6}
+# alpha at init where it is not 0.5 (DyT's, Derf's): SeeDNorm's alpha multiplies beta's gradient
+_DEFAULT_ALPHA0 = {"seednorm": 1.0}
 
 
 @dataclass(frozen=True)
@@ -337,9 +339,10 @@ class Norm:
     """A norm group's settings (configs/norm/NAME.yaml)."""
 
     name: str = "layernorm"
-    eps: float | None = None  # None: the norm's usual one (LayerNorm 1e-5, RMSNorm 1e-6, ScaleNorm 1e-5)
-    alpha0: float = 0.5  # DyT's and Derf's initial alpha
+    eps: float | None = None  # None: the norm's usual one (LayerNorm, ScaleNorm 1e-5; RMSNorm, SeeDNorm 1e-6)
+    alpha0: float | None = None  # DyT's, Derf's (None: 0.5) and SeeDNorm's (None: 1.0) initial alpha
     shift0: float = 0.0  # Derf's initial shift s
+    beta0: float = 0.0  # SeeDNorm's initial beta, every entry (0: RMSNorm at init)
 
     def __post_init__(self) -> None:
         from lnexp.names import NORMS
@@ -348,6 +351,8 @@ class Norm:
             raise ValueError(f"norm={self.name} is not one of {', '.join(NORMS)}")
         if self.eps is None and self.name in _DEFAULT_EPS:  # so that equal norms compare equal
             object.__setattr__(self, "eps", _DEFAULT_EPS[self.name])
+        if self.alpha0 is None:
+            object.__setattr__(self, "alpha0", _DEFAULT_ALPHA0.get(self.name, 0.5))
         for key in ("eps", "alpha0"):
             value = getattr(self, key)
             if value is None and key == "eps":
@@ -355,9 +360,10 @@ class Norm:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"norm.{key}={value!r} must be a number > 0: e.g. norm.{key}="
                                  f"{'1e-5' if key == 'eps' else '0.5'}")
-        if isinstance(self.shift0, bool) or not isinstance(self.shift0, int | float) \
-                or not math.isfinite(self.shift0):
-            raise ValueError(f"norm.shift0={self.shift0!r} must be a number: e.g. norm.shift0=0.0")
+        for key in ("shift0", "beta0"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"norm.{key}={value!r} must be a number: e.g. norm.{key}=0.0")
 
     @classmethod
     def from_config(cls, node: Any) -> Norm:

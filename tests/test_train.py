@@ -24,7 +24,7 @@ SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "di
     ("lr=-1e-3", "must be a positive number"),
     ("warmup=-10", "warmup=-10 must be a whole number"),
     ("norm=batchnorm", "norm=batchnorm is not an option of the norm group: use one of derf, dyt, "
-                       "layernorm, rmsnorm, scalenorm"),
+                       "layernorm, rmsnorm, scalenorm, seednorm"),
     ("placement.input_norm=true", "input_norm and sum_norm share one norm"),
     ("learning_rate=1e-3", "Could not override 'learning_rate'"),
     ("dataset.dir=/nonexistent/multi30k", "lacks train.de.gz"),

@@ -15,7 +15,7 @@ from tests.conftest import tiny_args
 ZOO = ("sandwich_ln", "olmo2", "qk_norm", "qk_layernorm", "ln_scaling", "mix_ln", "rezero",
        "rezero_per_sublayer", "b2t", "b2t_noinit", "t_fixup", "sub_ln", "normformer", "hybridnorm",
        "admin", "resi_dual", "fixnorm")
-NORM_ZOO = ("dyt", "scalenorm", "derf")  # Pre-LN with each norm that is not LayerNorm's kin
+NORM_ZOO = ("dyt", "scalenorm", "derf", "seednorm")  # Pre-LN with each norm that is not LayerNorm's kin
 OWN_TESTS = ("ngpt",)  # schemes whose formula tests live in a file of their own (tests/test_ngpt.py)
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
@@ -38,7 +38,11 @@ def build(task, placement: str, seed: int = 0, **over):
 # --- the formulas, from the parameters alone -------------------------------------------------------
 
 def norm(mod, x):
-    """LayerNorm, RMSNorm, DyT, Derf or ScaleNorm, by the module's parameters."""
+    """LayerNorm, RMSNorm, SeeDNorm, DyT, Derf or ScaleNorm, by the module's parameters."""
+    if hasattr(mod, "beta"):  # SeeDNorm (Cai et al. 2025): [tanh(x beta^T) alpha + gamma] * x / RMS(x)
+        dot = (x * mod.beta).sum(-1, keepdim=True)  # one scalar per token
+        rms = torch.sqrt((x * x).mean(-1, keepdim=True) + mod.eps)
+        return (torch.tanh(dot) * mod.alpha + mod.weight) * x / rms
     if hasattr(mod, "shift"):  # Derf (Chen et al. 2025): gamma erf(alpha x + s) + beta
         return mod.weight * torch.erf(mod.alpha * x + mod.shift) + mod.bias
     if hasattr(mod, "alpha"):  # DyT (Zhu et al. 2025)
@@ -235,12 +239,63 @@ def test_admin_gains_are_the_papers_formula_of_the_profiled_variances(tiny_task)
 
 # each norm group's module and its initial values: DyT's alpha0 (configs/norm/dyt.yaml, the paper's
 # default), Derf's alpha0 and shift0 (zlab-princeton/Derf Dynamic_erf's defaults), ScaleNorm's g = sqrt(d)
-# (tnq177/transformers_without_tears: ScaleNorm(args.embed_dim ** 0.5))
+# (tnq177/transformers_without_tears: ScaleNorm(args.embed_dim ** 0.5)), SeeDNorm's lnexp reading
+# (configs/norm/seednorm.yaml: alpha = 1, beta = 0, gamma = 1 in every entry, eps 1e-6)
 NORM_INIT = {
     "dyt": ("DyT", lambda m: m.alpha.item() == 0.5),
     "derf": ("Derf", lambda m: m.alpha.item() == 0.5 and m.shift.item() == 0.0),
     "scalenorm": ("ScaleNorm", lambda m: m.scale.item() == pytest.approx(16 ** 0.5, rel=1e-7)),
+    "seednorm": ("SeeDNorm", lambda m: m.alpha.shape == m.beta.shape == m.weight.shape == (16,)
+                 and bool((m.alpha == 1).all() and (m.beta == 0).all() and (m.weight == 1).all())
+                 and m.eps == 1e-6),
 }
+
+
+def test_seednorm_with_beta_zero_is_rmsnorm():
+    """SeeDNorm's gain tanh(x beta^T) alpha + gamma is gamma where beta = 0: torch's RMSNorm with
+    that gamma and eps, whatever alpha is, so a fresh SeeDNorm network is an RMSNorm one; beta's
+    gradient (proportional to alpha) is not 0 there, alpha's (proportional to tanh(0)) is."""
+    from lnexp.model.norms import make_norm
+    from lnexp.scheme import Norm
+
+    g = torch.Generator().manual_seed(3)
+    seed = make_norm(Norm("seednorm"), 16)
+    assert seed.eps == 1e-6 and seed.alpha.eq(1).all() and seed.beta.eq(0).all()
+    rms = torch.nn.RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        seed.alpha.copy_(torch.randn(16, generator=g))
+        seed.weight.copy_(torch.rand(16, generator=g) + 0.5)
+        rms.weight.copy_(seed.weight)
+    x = torch.randn(5, 3, 16, generator=g) * 3 + 1
+    torch.testing.assert_close(seed(x), rms(x))
+    (seed(x) * torch.randn(5, 3, 16, generator=g)).sum().backward()  # alpha != 0: beta learns at once
+    assert seed.beta.grad.abs().min() > 0 and seed.alpha.grad.abs().max() == 0  # d/d alpha: tanh(0)
+
+
+def test_seednorm_is_its_formula_with_every_parameter_learnt():
+    """float64, random non-zero beta, alpha and gamma: each token's own tanh(x beta^T) rescales
+    gamma along alpha, over x / sqrt(mean_i x_i^2 + eps), per token written out here."""
+    from lnexp.model.norms import make_norm
+    from lnexp.scheme import Norm
+
+    g = torch.Generator().manual_seed(4)
+    seed = make_norm(Norm("seednorm", beta0=0.5), 8).double()
+    assert seed.beta.eq(0.5).all()
+    with torch.no_grad():
+        for p in (seed.alpha, seed.beta, seed.weight):
+            p.copy_(torch.randn(8, generator=g, dtype=torch.float64) * 0.3 + 0.2)
+    x = torch.randn(4, 2, 8, generator=g, dtype=torch.float64) * 2
+    out = seed(x)
+    a, b, w = (p.detach().tolist() for p in (seed.alpha, seed.beta, seed.weight))
+    for t in range(4):
+        for n in range(2):
+            v = x[t, n].tolist()
+            s = math.tanh(sum(vi * bi for vi, bi in zip(v, b, strict=True)))
+            rms = math.sqrt(sum(vi * vi for vi in v) / 8 + 1e-6)
+            want = [(s * a[i] + w[i]) * v[i] / rms for i in range(8)]
+            torch.testing.assert_close(out[t, n], torch.tensor(want, dtype=torch.float64),
+                                       rtol=1e-12, atol=1e-12)
+    assert abs(s) > 0.1  # beta moved the gain: not RMSNorm's
 
 
 @pytest.mark.parametrize("name", NORM_ZOO)
@@ -674,6 +729,18 @@ def test_bad_scheme_keys_are_one_line_config_errors(override, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("value", ["abc", "inf", "nan"])
+def test_seednorm_beta0_is_a_finite_number(value):
+    from lnexp.config import compose
+    from lnexp.errors import ConfigError
+
+    assert compose(["norm=seednorm", "norm.beta0=-0.25"]).norm.beta0 == -0.25
+    with pytest.raises(ConfigError) as e:
+        compose(["norm=seednorm", f"norm.beta0={value}"])
+    assert str(e.value).startswith("norm.beta0=") and "e.g. norm.beta0=0.0" in str(e.value) \
+        and "\n" not in str(e.value)
+
+
 def test_qk_norm_is_a_switch_of_any_placement(tiny_task):
     """placement=NAME placement.qk_norm=true: one norm per head-projection, nothing else changes."""
     from dataclasses import replace
@@ -752,7 +819,8 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
     flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
     assert json.loads(flags["placement_spec"])["first_layers"]["fraction"] == 0.25
     assert json.loads(flags["placement_spec"])["structure"] == "resi_dual"
-    assert json.loads(flags["norm_spec"]) == {"name": "dyt", "alpha0": 0.7, "eps": None, "shift0": 0.0}
+    assert json.loads(flags["norm_spec"]) == {"name": "dyt", "alpha0": 0.7, "eps": None, "shift0": 0.0,
+                                              "beta0": 0.0}
     capsys.readouterr()
     assert main(["evaluate", str(run), "--json", "--beam", "2"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -769,16 +837,20 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
 
 
 @pytest.mark.parametrize("overrides", [["placement=fixnorm", "norm=scalenorm"],
-                                       ["norm=derf", "norm.shift0=0.1"], ["placement=ngpt"]],
-                         ids=["fixnorm+scalenorm", "derf", "ngpt"])
+                                       ["norm=derf", "norm.shift0=0.1"],
+                                       ["placement=pre_ln", "norm=seednorm", "norm.beta0=0.01"],
+                                       ["placement=ngpt"]],
+                         ids=["fixnorm+scalenorm", "derf", "seednorm", "ngpt"])
 def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_multi30k, capsys,
                                                                 monkeypatch, overrides):
-    """Transformers without Tears' network, Derf and nGPT, each a 2-update lnexp train run whose
-    checkpoint lnexp evaluate rebuilds (the placement and norm travel as JSON) and scores."""
+    """Transformers without Tears' network, Derf, SeeDNorm and nGPT, each a 2-update lnexp train run
+    whose checkpoint lnexp evaluate rebuilds (the placement and norm, init values too, travel as
+    JSON) and scores."""
     import json
 
     from lnexp import config
     from lnexp.cli import main
+    from lnexp.scheme import Norm
     from lnexp.train.loop import train_run
 
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
@@ -788,7 +860,7 @@ def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_
     run = tmp_path / "run"
     assert train_run(cfg, run)["status"] == "stopped"
     flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
-    assert json.loads(flags["norm_spec"])["name"] == cfg.norm.name
+    assert Norm.from_config(json.loads(flags["norm_spec"])) == Norm.from_config(cfg.norm)
     assert json.loads(flags["placement_spec"])["fix_norm"] == (cfg.placement.name == "fixnorm")
     capsys.readouterr()
     assert main(["evaluate", str(run), "--json", "--beam", "2"]) == 0

@@ -1,4 +1,5 @@
-"""Normalisation layers selectable by name (``norm=layernorm|rmsnorm|dyt|scalenorm|derf``, configs/norm/)."""
+"""Normalisation layers selectable by name (``norm=layernorm|rmsnorm|dyt|scalenorm|derf|seednorm``,
+configs/norm/)."""
 
 from __future__ import annotations
 
@@ -50,14 +51,36 @@ class Derf(nn.Module):
         return self.weight * torch.erf(self.alpha * x + self.shift) + self.bias
 
 
+class SeeDNorm(nn.Module):
+    """SeeDNorm (Cai et al. 2025): [tanh(x . beta) * alpha + gamma] * x / sqrt(mean(x^2) + eps).
+
+    x . beta is one scalar per token, so the token itself rescales RMSNorm's static gain gamma
+    (``weight``) along alpha. The authors published no code and the paper's initial alpha and beta
+    were not at hand; lnexp's reading: beta = beta0 (0: RMSNorm at init), alpha = alpha0 in every
+    entry (1: beta's gradient is proportional to alpha, so with alpha = 0 neither would ever move),
+    gamma = 1.
+    """
+
+    def __init__(self, dim: int, eps: float, alpha0: float, beta0: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.alpha = nn.Parameter(torch.full((dim,), float(alpha0)))
+        self.beta = nn.Parameter(torch.full((dim,), float(beta0)))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gain = torch.tanh((x @ self.beta).unsqueeze(-1)) * self.alpha + self.weight
+        return gain * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
 def is_fairseq_layernorm(norm: Norm) -> bool:
     """The norm fairseq's layers already build (LayerNorm, eps 1e-5): kept, not rebuilt."""
     return norm.name == "layernorm" and norm.eps == 1e-5
 
 
 def make_norm(norm: Norm | str, dim: int) -> nn.Module:
-    """fairseq's LayerNorm (fused on GPU when apex is there), RMSNorm as in LLaMA, DyT, ScaleNorm or
-    Derf."""
+    """fairseq's LayerNorm (fused on GPU when apex is there), RMSNorm as in LLaMA, DyT, ScaleNorm,
+    Derf or SeeDNorm."""
     norm = Norm(norm) if isinstance(norm, str) else norm
     build = {
         "layernorm": lambda: LayerNorm(dim, eps=norm.eps),
@@ -65,6 +88,7 @@ def make_norm(norm: Norm | str, dim: int) -> nn.Module:
         "dyt": lambda: DyT(dim, norm.alpha0),
         "scalenorm": lambda: ScaleNorm(dim, norm.eps),
         "derf": lambda: Derf(dim, norm.alpha0, norm.shift0),
+        "seednorm": lambda: SeeDNorm(dim, norm.eps, norm.alpha0, norm.beta0),
     }
     return build[norm.name]()
 
