@@ -73,27 +73,31 @@ def evaluate(value: float | str, stack: str, layer: int, n: int, m: int) -> floa
 # --- block structures: how a layer chains its residual steps -----------------------------------
 # A structure's ``layer`` gets the layer's steps in order (self-attention, [cross-attention,] FFN),
 # each a function step(x, skip) -> (x, branch) of lnexp.model.placement.residual_step (the new
-# stream and the branch it added), the layer's input and ``stream``: a dict the stack empties at the
-# start of each forward and its layers share, for what a structure carries from layer to layer. Its
-# ``join``, if any, makes the stack's output from the last layer's x, the stack's final norm and the
-# stream. A scheme with new wiring is one entry here, named by its YAML's ``structure``.
+# stream and the branch it added), the layer's input, ``stream``: a dict the stack empties at the
+# start of each forward and its layers share, for what a structure carries from layer to layer, and
+# ``parts``: each step's own module where the structure names ``parts`` (else None). Its ``join``, if
+# any, makes the stack's output from the last layer's x, the stack's final norm and the stream. A
+# scheme with new wiring is one entry here, named by its YAML's ``structure``.
 Step = Callable[[Any, Any], tuple[Any, Any]]
 
 
 @dataclass(frozen=True)
 class Structure:
-    layer: Callable[[list[Step], Any, dict], Any]
+    layer: Callable[[list[Step], Any, dict, list[Any] | None], Any]
     join: Callable[[Any, Callable[[Any], Any], dict], Any] | None = None  # None: final_norm(x)
+    # learned connections per sub-layer, built by the model side (lnexp/model/connections.py PARTS
+    # under this name: this module stays torch-free); None: the structure has none
+    parts: str | None = None
 
 
-def residual_layer(steps: list[Step], x: Any, stream: dict) -> Any:
+def residual_layer(steps: list[Step], x: Any, stream: dict, parts: list[Any] | None = None) -> Any:
     """The plain chain: x <- step(x) for each sub-layer."""
     for step in steps:
         x, _ = step(x, None)
     return x
 
 
-def b2t_layer(steps: list[Step], x: Any, stream: dict) -> Any:
+def b2t_layer(steps: list[Step], x: Any, stream: dict, parts: list[Any] | None = None) -> Any:
     """B2T connection (Takase et al. 2022): the layer's input also joins its last residual sum,
     LN(y + FFN(y) + x)."""
     x0 = x
@@ -102,7 +106,7 @@ def b2t_layer(steps: list[Step], x: Any, stream: dict) -> Any:
     return x
 
 
-def resi_dual_layer(steps: list[Step], x: Any, stream: dict) -> Any:
+def resi_dual_layer(steps: list[Step], x: Any, stream: dict, parts: list[Any] | None = None) -> Any:
     """ResiDual (Xie et al. 2023): the Post-LN stream x <- LN(x + F(x)) goes on as the steps
     compute it; the dual stream d, which starts as the first layer's input (the embeddings), sums
     every branch: d <- d + F(x)."""
@@ -120,10 +124,38 @@ def resi_dual_join(x: Any, final_norm: Callable[[Any], Any], stream: dict) -> An
     return x + final_norm(stream.pop("dual"))
 
 
+def streams_layer(steps: list[Step], x: Any, stream: dict, parts: list[Any] | None = None) -> Any:
+    """Hyper-connections (Zhu et al. 2024) and mHC (Xie et al. 2025): n residual streams H, at the
+    stack's first layer n copies of its input (the papers expand the embeddings). Each sub-layer's
+    part mixes them into the branch input h (width connection), the Pre-LN step computes the branch
+    y = F(Norm(h)) (its own sum h + y is not used), and the part writes y back into the streams,
+    H <- A_r^T H + B y (depth connection). fairseq gets the streams' sum, which the next layer does
+    not read: it reads the streams."""
+    assert parts is not None and len(parts) == len(steps), "streams: one part per step"
+    if "streams" not in stream:
+        stream["streams"] = parts[0].expand(x)
+    h_all = stream["streams"]
+    for step, part in zip(steps, parts, strict=True):
+        h, kept = part.width(h_all)
+        _, y = step(h, None)
+        h_all = part.depth(kept, y)
+    stream["streams"] = h_all
+    return parts[-1].reduce(h_all)
+
+
+def streams_join(x: Any, final_norm: Callable[[Any], Any], stream: dict) -> Any:
+    """The papers' stack output, Norm(sum_k H_k): the last layer's x is that sum (the streams leave
+    the dict: nothing outlives the forward)."""
+    stream.pop("streams", None)
+    return final_norm(x)
+
+
 STRUCTURES: dict[str, Structure] = {
     "residual": Structure(residual_layer),
     "b2t": Structure(b2t_layer),
     "resi_dual": Structure(resi_dual_layer, resi_dual_join),
+    "hyper_connections": Structure(streams_layer, streams_join, parts="hyper_connections"),
+    "mhc": Structure(streams_layer, streams_join, parts="mhc"),
 }
 # profiling passes a scheme's init can ask for (lnexp/model/admin.py runs them on a fresh run)
 PROFILES = ("admin",)
@@ -188,6 +220,8 @@ class Placement:
     # dimension, weights renormalised after each update (lnexp/model/sphere.py)
     sphere: bool = False
     sphere_alpha0: float = 0.05  # nGPT's a at init (its eigen learning rate), every dimension
+    streams: int = 1  # n residual streams (structure hyper_connections or mhc; 1 elsewhere)
+    dynamic: bool = False  # the connection weights also depend on the streams (HC's DHC; mHC's form)
     sublayers: dict[str, dict[str, bool]] | None = None  # {attention|ffn: {switch: value}}
     first_layers: dict[str, Any] | None = None  # {fraction: a, switch: value...}: layers l <= floor(a L)
     init: Init = field(default_factory=Init)
@@ -195,13 +229,19 @@ class Placement:
     def __post_init__(self) -> None:
         where = f"placement {self.name}"
         flags = ("branch_gate", "shared_gate", "residual_gain", "qk_norm", "v_norm", "head_scale",
-                 "final_norm", "embed_norm", "fix_norm", "sphere", *SWITCHES)
+                 "final_norm", "embed_norm", "fix_norm", "sphere", "dynamic", *SWITCHES)
         for key in flags:
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"{where}: {key}={getattr(self, key)!r} must be true or false: "
                                  f"e.g. placement.{key}=true")
         if self.structure not in STRUCTURES:
             raise ValueError(f"{where}: structure={self.structure!r} is not one of {', '.join(STRUCTURES)}")
+        if isinstance(self.streams, bool) or not isinstance(self.streams, int) or self.streams < 1:
+            raise ValueError(f"{where}: streams={self.streams!r} must be an integer >= 1: e.g. "
+                             "placement.streams=4")
+        if STRUCTURES[self.structure].parts is None and (self.streams != 1 or self.dynamic):
+            raise ValueError(f"{where}: streams and dynamic are hyper-connections' keys: set "
+                             "placement.structure=hyper_connections (or mhc), or streams=1 dynamic=false")
         for key in NUMBER_OR_FORMULA:
             _check_value(where, key, getattr(self.init if key.startswith("init.") else self,
                                              key.removeprefix("init.")))

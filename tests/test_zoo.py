@@ -14,7 +14,7 @@ from tests.conftest import tiny_args
 
 ZOO = ("sandwich_ln", "olmo2", "qk_norm", "qk_layernorm", "ln_scaling", "mix_ln", "rezero",
        "rezero_per_sublayer", "b2t", "b2t_noinit", "t_fixup", "sub_ln", "normformer", "hybridnorm",
-       "admin", "resi_dual", "fixnorm")
+       "admin", "resi_dual", "fixnorm", "hyper_connections", "mhc")
 NORM_ZOO = ("dyt", "scalenorm", "derf", "seednorm")  # Pre-LN with each norm that is not LayerNorm's kin
 OWN_TESTS = ("ngpt",)  # schemes whose formula tests live in a file of their own (tests/test_ngpt.py)
 LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
@@ -89,6 +89,8 @@ def reference(placement: str, layer, depth: int, x, mem=None):
     def out(name):
         return lambda y: norm(getattr(layer, f"{name}_out_norm"), y)
 
+    if placement in ("hyper_connections", "mhc"):  # a first layer: n copies of x, their sum out
+        return sum(streams_reference(layer, [x] * layer.spec.scheme.streams, mem))
     x0 = x
     subs = sublayers(layer, mem)
     for i, (name, f) in enumerate(subs):
@@ -125,6 +127,49 @@ def reference(placement: str, layer, depth: int, x, mem=None):
     return x
 
 
+def connection_weights(part, streams: list) -> tuple[list, list]:
+    """One sub-layer's A[k][j] (stream k into the branch, j = 0, and into stream j, j >= 1) and
+    B[k], written from the papers with each stream apart. Hyper-connections (Zhu et al. 2024,
+    eqs. 5-8 with tanh, App. J Alg. 2): A + s_a tanh(N(H_k) W_a), B + s_b tanh(N(H_k) W_b); mHC
+    (Xie et al. 2025, eqs. 7-8): the same without tanh (A_m's and A_r's own scale), then
+    H_pre = sigmoid(A_m), H_post = 2 sigmoid(B), H_res = Sinkhorn-Knopp of exp(A_r), 20 times
+    each column then each row made to sum 1 (the order of lucidrains/hyper-connections). N is
+    the reference package's per-stream RMSNorm H/rms(H) (1 + g)."""
+    n = len(streams)
+    a = [[part.static_alpha[k, j] for j in range(n + 1)] for k in range(n)]
+    b = [part.static_beta[k] for k in range(n)]
+    act = (lambda t: t) if part.manifold else torch.tanh
+    if part.dynamic:
+        s = part.alpha_scale
+        scales = [s[0]] + [s[1]] * n if part.manifold else [s] * (n + 1)
+        for k, h in enumerate(streams):
+            normed = h / h.pow(2).mean(-1, keepdim=True).sqrt() * (1 + part.norm_gain)
+            a[k] = [a[k][j] + scales[j] * act(normed @ part.dynamic_alpha[:, j]) for j in range(n + 1)]
+            b[k] = b[k] + part.beta_scale * act(normed @ part.dynamic_beta)
+    if part.manifold:
+        m = torch.stack([torch.stack(a[k][1:]) for k in range(n)]).exp()  # k, j[, T, B]
+        for _ in range(20):
+            m = m / m.sum(0, keepdim=True)
+            m = m / m.sum(1, keepdim=True)
+        a = [[torch.sigmoid(a[k][0])] + [m[k, j] for j in range(n)] for k in range(n)]
+        b = [2 * torch.sigmoid(bk) for bk in b]
+    return a, b
+
+
+def streams_reference(layer, streams: list, mem=None) -> list:
+    """One layer of hyper-connections or mHC on the streams H (a list of n T x B x d tensors):
+    for each sub-layer, h = sum_k A[k][0] H_k, y = F(LN(h)), H_j <- sum_k A[k][j+1] H_k + B[j] y."""
+    def w(c):
+        return c.unsqueeze(-1) if c.dim() > 0 else c  # a per-token weight on each token's vector
+
+    for name, f in sublayers(layer, mem):
+        a, b = connection_weights(layer.connections[name], streams)
+        n = len(streams)
+        y = f(norm(getattr(layer, f"{name}_layer_norm"), sum(w(a[k][0]) * streams[k] for k in range(n))))
+        streams = [sum(w(a[k][j + 1]) * streams[k] for k in range(n)) + w(b[j]) * y for j in range(n)]
+    return streams
+
+
 @pytest.fixture(scope="module")
 def zoo_models(tiny_task):
     models = {p: build(tiny_task, p).double().eval() for p in ZOO}
@@ -138,8 +183,8 @@ def zoo_models(tiny_task):
     with torch.no_grad():
         for model in models.values():
             for name, p in model.named_parameters():
-                if "norm" in name or name.endswith(("_gate", "head_scale", ".alpha", ".shift", ".scale",
-                                                    "_gain.weight")):
+                if "norm" in name or ".connections." in name or name.endswith(
+                        ("_gate", "head_scale", ".alpha", ".shift", ".scale", "_gain.weight")):
                     p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype) + 0.1)
     return models
 
@@ -155,6 +200,8 @@ def test_layers_compute_the_papers_formula(zoo_models, placement):
     # (fairseq.utils.softmax): agreement to 1e-6 on O(1) outputs, not to float64's 1e-12
     for depth in (1, 2, LAYERS):
         enc, dec = model.encoder.layers[depth - 1], model.decoder.layers[depth - 1]
+        model.encoder.stream.clear()  # each layer called alone, as a stack's first (n streams: x's copies)
+        model.decoder.stream.clear()
         torch.testing.assert_close(enc(x, None), reference(placement, enc, depth, x), rtol=1e-6, atol=1e-6)
         got = dec(x, mem, None, self_attn_mask=causal)[0]
         torch.testing.assert_close(got, reference(placement, dec, depth, x, mem), rtol=1e-6, atol=1e-6)
@@ -714,6 +761,8 @@ def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
     ("placement.qk_norm=yes", "placement.qk_norm='yes' is not true or false"),
     ("placement.residual_weight=alpha", "must be a number or one of deepnorm_alpha"),
     ("placement.structure=ladder", "structure='ladder' is not one of residual, b2t, resi_dual"),
+    ("placement.streams=0", "streams=0 must be an integer >= 1: e.g. placement.streams=4"),
+    ("placement.streams=4", "streams and dynamic are hyper-connections' keys"),
     ("placement.first_layers={fraction:2}", "first_layers takes fraction (0..1)"),
     ("placement.sublayers={mlp:{sum_norm:true}}", "sublayers takes attention, cross_attention, ffn"),
     ("placement.qk_norm_form=l1", "qk_norm_form='l1' is not one of layernorm, l2"),
@@ -839,13 +888,14 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
 @pytest.mark.parametrize("overrides", [["placement=fixnorm", "norm=scalenorm"],
                                        ["norm=derf", "norm.shift0=0.1"],
                                        ["placement=pre_ln", "norm=seednorm", "norm.beta0=0.01"],
-                                       ["placement=ngpt"]],
-                         ids=["fixnorm+scalenorm", "derf", "seednorm", "ngpt"])
+                                       ["placement=ngpt"], ["placement=hyper_connections"],
+                                       ["placement=mhc"]],
+                         ids=["fixnorm+scalenorm", "derf", "seednorm", "ngpt", "hyper_connections", "mhc"])
 def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_multi30k, capsys,
                                                                 monkeypatch, overrides):
-    """Transformers without Tears' network, Derf, SeeDNorm and nGPT, each a 2-update lnexp train run
-    whose checkpoint lnexp evaluate rebuilds (the placement and norm, init values too, travel as
-    JSON) and scores."""
+    """Transformers without Tears' network, Derf, SeeDNorm, nGPT, hyper-connections and mHC, each a
+    2-update lnexp train run whose checkpoint lnexp evaluate rebuilds (the placement and norm, init
+    values too, travel as JSON; hyper-connections' weights are parameters it carries) and scores."""
     import json
 
     from lnexp import config
@@ -862,6 +912,13 @@ def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_
     flags = json.loads((run / "run.json").read_text())["fairseq_flags"]
     assert Norm.from_config(json.loads(flags["norm_spec"])) == Norm.from_config(cfg.norm)
     assert json.loads(flags["placement_spec"])["fix_norm"] == (cfg.placement.name == "fixnorm")
+    assert json.loads(flags["placement_spec"])["streams"] == cfg.placement.streams
+    if cfg.placement.streams > 1:
+        from lnexp.fairseq_adapter import load_checkpoint_state
+
+        state = load_checkpoint_state(run / "checkpoints" / "checkpoint_last.pt")["model"]
+        alpha = state["decoder.layers.0.connections.final.static_alpha"]
+        assert alpha.shape == (4, 5) and not torch.equal(alpha[:, 1:], torch.eye(4))  # trained
     capsys.readouterr()
     assert main(["evaluate", str(run), "--json", "--beam", "2"]) == 0
     record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

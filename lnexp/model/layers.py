@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from lnexp.model import sphere
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
 from lnexp.model.placement import ResidualGain, ResidualSpec, init_layer_, residual_step
-from lnexp.scheme import MATRICES, STRUCTURES, Norm
+from lnexp.scheme import MATRICES, STRUCTURES, Norm, Step
 
 
 def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None:
@@ -142,6 +142,7 @@ def _set_up(layer: nn.Module, names: tuple[str, ...], spec: ResidualSpec,
             cross_spec: ResidualSpec | None = None) -> None:
     layer.spec = spec
     layer.stream = {}  # what the structure carries between layers; the stack shares its own dict
+    layer.connections = None  # a structure's parts per sub-layer (lnexp/model/connections.py connect_)
     layer.ffn_spec = ffn_spec if ffn_spec != spec else None
     layer.cross_spec = cross_spec if cross_spec != spec else None
     _install_norms(layer, names, norm)
@@ -171,6 +172,17 @@ class _Steps:
         if name == "final":
             return self.ffn_spec or self.spec
         return (getattr(self, "cross_spec", None) or self.spec) if name == "encoder_attn" else self.spec
+
+    def sublayer_names(self) -> list[str]:
+        """The sub-layers this layer has, in the order they run."""
+        cross = getattr(self, "encoder_attn", None) is not None
+        return ["self_attn", *(["encoder_attn"] if cross else []), "final"]
+
+    def _chain(self, steps: list[tuple[str, Step]], x: Tensor) -> Tensor:
+        """The structure's chain of the named steps; a structure with parts gets each step's own
+        (the decoder's cross-attention is skipped without encoder_out)."""
+        parts = None if self.connections is None else [self.connections[n] for n, _ in steps]
+        return STRUCTURES[self.spec.scheme.structure].layer([s for _, s in steps], x, self.stream, parts)
 
     def _step(self, name: str, sublayer, x: Tensor, skip: Tensor | None) -> tuple[Tensor, Tensor]:
         gate = getattr(self, f"{name}_gate")
@@ -203,8 +215,8 @@ class LNEncoderLayer(_Steps, TransformerEncoderLayerBase):
             )
             return out
 
-        steps = [partial(self._step, "self_attn", attend), partial(self._step, "final", self._ffn)]
-        return STRUCTURES[self.spec.scheme.structure].layer(steps, x, self.stream)
+        return self._chain([(n, partial(self._step, n, f)) for n, f in
+                            (("self_attn", attend), ("final", self._ffn))], x)
 
 
 class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
@@ -252,7 +264,7 @@ class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
             )
             return out
 
-        steps = [partial(self._step, "self_attn", self_attend)]
+        steps = [("self_attn", partial(self._step, "self_attn", self_attend))]
         weights: list[Tensor | None] = [None]
         if self.encoder_attn is not None and encoder_out is not None:
             if prev_attn_state is not None:
@@ -267,9 +279,9 @@ class LNDecoderLayer(_Steps, TransformerDecoderLayerBase):
                 )
                 return out
 
-            steps.append(partial(self._step, "encoder_attn", cross_attend))
-        steps.append(partial(self._step, "final", self._ffn))
-        x = STRUCTURES[self.spec.scheme.structure].layer(steps, x, self.stream)
+            steps.append(("encoder_attn", partial(self._step, "encoder_attn", cross_attend)))
+        steps.append(("final", partial(self._step, "final", self._ffn)))
+        x = self._chain(steps, x)
         return x, weights[0], None
 
 

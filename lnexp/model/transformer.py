@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lnexp.model import sphere
+from lnexp.model.connections import connect_
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
 from lnexp.model.norms import is_fairseq_layernorm, make_norm
 from lnexp.model.placement import ResidualSpec
@@ -79,10 +80,12 @@ class _Join(nn.Module):
 
 
 def _share_stream(stack, layer):
-    """The stack's layers share one stream dict (what a structure carries between layers)."""
+    """The stack's layers share one stream dict (what a structure carries between layers); a
+    structure's parts join the layer after fairseq built it (its draws come first)."""
     if "stream" not in stack.__dict__:
         stack.stream = {}
     layer.stream = stack.stream
+    connect_(layer, stack._layers_built)
     return layer
 
 
