@@ -1,6 +1,7 @@
 """What only a GPU can show (``pytest -m gpu``; skipped without CUDA; scripts/gpu_session.py runs
-them on the GPU machine): bf16 and fp16 training steps through lnexp's trainer, the GPU LayerNorm
-kernel against the formula within its precision, a checkpoint trained on GPU evaluated on CPU."""
+them on the GPU machine): bf16 and fp16 training steps through lnexp's trainer (the 2026 zoo's
+nGPT and streams too), the GPU LayerNorm kernel against the formula within its precision, a
+checkpoint trained on GPU evaluated on CPU."""
 
 from __future__ import annotations
 
@@ -48,6 +49,33 @@ def test_half_precision_training_steps_on_the_gpu(tmp_path, small_multi30k, monk
         assert rows[-1]["loss_scale"] != "" and int(rows[-1]["overflows"]) < 8
     run = json.loads((run_dir / "run.json").read_text())
     assert run["fairseq_flags"].get(precision) == "True"
+
+
+@pytest.mark.parametrize("placement", ["ngpt", "hyper_connections", "mhc"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_2026_schemes_train_in_half_precision_on_the_gpu(tmp_path, small_multi30k, monkeypatch,
+                                                          precision, placement):
+    """nGPT's renormalisation under fairseq's flat fp32 master copy (a GPU-only layout), and the
+    streams' weights, computed in fp32 at least, under bf16/fp16: finite losses, and nGPT's saved
+    matrices on the sphere within half precision."""
+    from lnexp import fairseq_adapter as fa
+    from lnexp.model.sphere import READ, WRITE
+
+    run_dir, status = train(tmp_path, small_multi30k, monkeypatch, f"placement={placement}",
+                            f"precision={precision}", "max_update=6", "log_interval=1")
+    assert status["status"] == "stopped" and status["updates"] == 6, status
+    assert all(math.isfinite(float(r["loss"])) for r in updates_csv(run_dir))
+    if placement != "ngpt":
+        return
+    state = fa.load_checkpoint_state(run_dir / "checkpoints" / "checkpoint_last.pt")["model"]
+    checked = 0
+    for key, w in state.items():
+        leaf = key.rsplit(".", 2)[-2] if key.endswith(".weight") else ""
+        if leaf in READ + WRITE or leaf == "embed_tokens":
+            lengths = w.float().norm(dim=0 if leaf in WRITE else 1)
+            assert (lengths[lengths > 0] - 1).abs().max() < 1e-2, key
+            checked += 1
+    assert checked > 20
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)])
