@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lnexp.scheme import STRUCTURES
@@ -79,8 +78,12 @@ class HyperConnection(nn.Module):
         alpha, beta = self.static_alpha.to(work), self.static_beta.to(work)
         if self.dynamic:
             h = streams.to(work)
-            normed = F.normalize(h, dim=-1) * math.sqrt(h.shape[-1]) * (1 + self.norm_gain.to(work))
-            wa, wb = normed @ self.dynamic_alpha.to(work), normed @ self.dynamic_beta.to(work)
+            # N(H) W = (H W') r, W' = (1 + g) W, r = sqrt(d)/|H| per stream and token: the package's
+            # F.normalize(H) sqrt(d) (1 + g) without forming the normalised streams (fewer passes)
+            r = math.sqrt(h.shape[-1]) / torch.linalg.vector_norm(h, dim=-1, keepdim=True).clamp_min(1e-12)
+            gain = 1 + self.norm_gain.to(work)
+            wa = (h @ (gain.unsqueeze(-1) * self.dynamic_alpha.to(work))) * r
+            wb = (h @ (gain * self.dynamic_beta.to(work))) * r.squeeze(-1)
             if not self.manifold:
                 wa, wb = wa.tanh(), wb.tanh()
             scale = self.alpha_scale.to(work)
