@@ -18,7 +18,7 @@ from fairseq.modules.transformer_layer import (
 from torch import Tensor, nn
 
 from lnexp.model import sphere
-from lnexp.model.norms import is_fairseq_layernorm, make_norm
+from lnexp.model.norms import is_fairseq_layernorm, make_norm, scheme_norm
 from lnexp.model.placement import ResidualGain, ResidualSpec, init_layer_, residual_step
 from lnexp.scheme import MATRICES, STRUCTURES, Norm, Step
 
@@ -28,8 +28,7 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
     says; fairseq's own LayerNorm module is kept where it is the configured norm."""
     dim = layer.embed_dim
     scheme = layer.spec.scheme
-    # nGPT's norms are x/|x| whatever the norm group (lnexp.config refuses another norm with it)
-    build = sphere.Unit if scheme.sphere else partial(make_norm, norm, dim)
+    build = partial(scheme_norm, norm, dim, scheme.sphere)
     # ReZero's code (majumderb/rezero rztx.py RZTXEncoderLayer/RZTXDecoderLayer): one resweight per
     # layer, read by each of its sub-layers
     layer.layer_gate = nn.Parameter(torch.zeros(1)) if scheme.branch_gate and scheme.shared_gate else None
@@ -37,7 +36,7 @@ def _install_norms(layer: nn.Module, names: tuple[str, ...], norm: Norm) -> None
         spec = layer.spec_of(name.replace("_layer_norm", ""))
         if not spec.has_norm:
             setattr(layer, name, None)
-        elif scheme.sphere or not is_fairseq_layernorm(norm):
+        elif not is_fairseq_layernorm(norm, scheme.sphere):
             setattr(layer, name, build())
         setattr(layer, name.replace("layer_norm", "out_norm"), build() if spec.output_norm else None)
         setattr(layer, name.replace("layer_norm", "gate"),

@@ -7,6 +7,7 @@ import torch
 from fairseq.modules import LayerNorm
 from torch import nn
 
+from lnexp.model.sphere import Unit
 from lnexp.scheme import Norm
 
 
@@ -73,9 +74,17 @@ class SeeDNorm(nn.Module):
         return gain * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
 
 
-def is_fairseq_layernorm(norm: Norm) -> bool:
-    """The norm fairseq's layers already build (LayerNorm, eps 1e-5): kept, not rebuilt."""
-    return norm.name == "layernorm" and norm.eps == 1e-5
+def is_fairseq_layernorm(norm: Norm, on_sphere: bool = False) -> bool:
+    """The norm fairseq's layers already build (LayerNorm, eps 1e-5): kept, not rebuilt (never on
+    nGPT's sphere, whose norms are x/|x|)."""
+    return not on_sphere and norm.name == "layernorm" and norm.eps == 1e-5
+
+
+def scheme_norm(norm: Norm, dim: int, on_sphere: bool = False) -> nn.Module:
+    """One of a scheme's norms: nGPT's x/|x| where the scheme keeps its stream on the sphere
+    (placement.sphere, whatever the norm group; lnexp.config refuses another group with it), else
+    the norm group's."""
+    return Unit() if on_sphere else make_norm(norm, dim)
 
 
 def make_norm(norm: Norm | str, dim: int) -> nn.Module:

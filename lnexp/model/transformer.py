@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from lnexp.model import sphere
 from lnexp.model.connections import connect_
 from lnexp.model.layers import LNDecoderLayer, LNEncoderLayer
-from lnexp.model.norms import is_fairseq_layernorm, make_norm
+from lnexp.model.norms import is_fairseq_layernorm, scheme_norm
 from lnexp.model.placement import ResidualSpec
 from lnexp.names import NORMS, PLACEMENTS, arch_flags
 from lnexp.scheme import STRUCTURES, evaluate, norm_of, placement_of
@@ -62,9 +62,8 @@ def _swap_stack_norms(module, cfg: LNTransformerConfig) -> None:
     """Use the configured norm for the stack's final and embedding norms too."""
     norm, on_sphere = norm_of(cfg), placement_of(cfg).sphere
     for name in ("layer_norm", "layernorm_embedding"):
-        if getattr(module, name, None) is not None and (on_sphere or not is_fairseq_layernorm(norm)):
-            setattr(module, name, sphere.Unit() if on_sphere else
-                    make_norm(norm, module.embed_tokens.embedding_dim))
+        if getattr(module, name, None) is not None and not is_fairseq_layernorm(norm, on_sphere):
+            setattr(module, name, scheme_norm(norm, module.embed_tokens.embedding_dim, on_sphere))
 
 
 class _Join(nn.Module):
