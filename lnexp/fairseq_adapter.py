@@ -519,6 +519,18 @@ def call_main(cfg, main, **kwargs) -> None:
         du.call_main(cfg, main, **kwargs)
 
 
+def leave_process_group() -> None:
+    """A rank that finished waits for the others, then tears the process group down itself: gloo's
+    threads left to the interpreter's exit sometimes abort the process ("terminate called without
+    an active exception": 1 in 8 runs of tests/test_distributed.py at 4544eb3, 2 in 9 at 960833b,
+    none in 16 with this)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def adopt_distributed(cfg, dist) -> None:
     """Copy the rank, device and rendezvous that ``distributed_main`` set into a fresh config."""
     for key in _DIST_KEYS:

@@ -73,6 +73,7 @@ def _rank_main(fcfg, lnexp_cfg: DictConfig, run_dir: str, body: Body, watch_pare
         _setup_worker_logging(fa.is_master(fcfg))
         _exit_with_parent(watch_parent)
     status = body(lnexp_cfg, Path(run_dir), fcfg.distributed_training)
+    fa.leave_process_group()
     if result is not None:
         result.update(status)
 
