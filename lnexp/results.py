@@ -13,7 +13,8 @@ keys (``dataset.name=multi30k``); numbers compare as numbers (``lr=1e-3`` matche
 that is neither is an error. ``test_bleu`` is the latest ``lnexp evaluate`` of the test split
 (``RUN/eval/``), with the checkpoint it used. ``--group-by placement,warmup`` prints one row per
 group instead: n, the seeds, and the mean ± half-width of the 95% t-interval of each score
-(``lnexp.stats``), plus the config keys other than the seed that vary inside the group.
+(``lnexp.stats``), plus the config keys other than the seed that vary inside the group; runs of
+another length (max_update/max_epoch) or status are never pooled, each gets its own row.
 """
 
 from __future__ import annotations
@@ -338,21 +339,37 @@ def varying_keys(runs: list[Run], ignore: set[str]) -> list[str]:
     return [k for k in keys if k not in ignore and len({d.get(k) for d in leaves}) > 1]
 
 
+# Never pooled into one row, whatever ``--group-by`` names: a 5-update trial and a 256-update run, or
+# a diverged seed and a finished one, are different measurements (their mean describes neither).
+SPLIT_BY = ("length", "status")
+
+
+def run_length(run: Run) -> str:
+    """How long the run was set to train: its max_update where one is set, else its max_epoch."""
+    updates, epochs = run.get("max_update"), run.get("max_epoch")
+    if updates:
+        return f"{_fmt(updates)} updates"
+    return f"{_fmt(epochs)} epochs" if epochs is not None else "?"
+
+
 def group_rows(runs: list[Run], keys: list[str]) -> list[dict[str, Any]]:
-    """One row per distinct value of ``keys``: n, seeds and each score's seed statistics."""
+    """One row per distinct value of ``keys`` and of ``SPLIT_BY`` (the run's length and status):
+    n, seeds and each score's seed statistics."""
     from lnexp.stats import summarise
 
+    split = [k for k in SPLIT_BY if k not in keys]
     groups: dict[tuple[str, ...], list[Run]] = {}
     for run in runs:
-        row = run.row()
-        value = tuple(_fmt(row[k] if k in row else run.get(k)) for k in keys)
+        row = {**run.row(), "length": run_length(run)}
+        value = tuple(_fmt(row[k] if k in row else run.get(k)) for k in [*keys, *split])
         groups.setdefault(value, []).append(run)
     out = []
     for value, members in sorted(groups.items(), key=lambda kv: [_order(v) for v in kv[0]]):
         rows = [m.row() for m in members]
-        g: dict[str, Any] = {**dict(zip(keys, value, strict=True)), "n": len(members),
+        g: dict[str, Any] = {**dict(zip([*keys, *split], value, strict=True)), "n": len(members),
                              "seeds": ",".join(sorted({_fmt(r["seed"]) for r in rows}, key=str)),
-                             "varies": ",".join(varying_keys(members, {"seed", *keys}))}
+                             "varies": ",".join(varying_keys(
+                                 members, {"seed", "max_update", "max_epoch", *keys}))}
         for col in GROUP_VALUES:
             s = summarise([r[col] for r in rows])
             g.update({f"{col}_{f}": x for f, x in zip(STAT_FIELDS, (s.mean, s.std, s.n, s.low, s.high),
@@ -372,6 +389,7 @@ def _order(text: str) -> tuple[int, float, str]:
 def group_table(groups: list[dict[str, Any]], keys: list[str]) -> str:
     from lnexp.stats import SeedSummary
 
+    keys = [*keys, *(k for k in SPLIT_BY if k not in keys)]
     head = [*keys, "n", "seeds", *GROUP_VALUES, "varies"]
     cells = [head]
     for g in groups:
@@ -441,7 +459,7 @@ def print_groups(runs: list[Run], args: argparse.Namespace) -> int:
     check_filter_keys(runs, dict.fromkeys(keys, ""))
     groups = group_rows(runs, keys)
     if args.csv is not None:
-        fields = [*keys, "n", "seeds", "varies",
+        fields = [*keys, *(k for k in SPLIT_BY if k not in keys), "n", "seeds", "varies",
                   *(f"{c}_{f}" for c in GROUP_VALUES for f in STAT_FIELDS)]
         buf = io.StringIO()
         csv.DictWriter(buf, fieldnames=fields, lineterminator="\n").writeheader()
@@ -459,7 +477,8 @@ def print_groups(runs: list[Run], args: argparse.Namespace) -> int:
         return 0
     print(group_table(groups, keys))
     print(f"{len(groups)} groups of {len(runs)} runs; mean ± half-width of the 95% t-interval over "
-          "the group's runs (losses in bits/token)")
+          "the group's runs (losses in bits/token); runs of another length or status are never "
+          "pooled: each has its own row")
     return 0
 
 

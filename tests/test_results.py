@@ -155,3 +155,32 @@ def test_group_by_gives_seed_statistics_per_group(tmp_path, capsys):
 
     with pytest.raises(UserError, match="did you mean placement"):
         main(["--runs-root", str(root), "--group-by", "placment"])
+
+
+def test_group_by_never_pools_runs_of_another_length_or_status(tmp_path, capsys):
+    """A 5-update trial run, or a diverged seed, is never averaged with the finished 256-update
+    runs of its group (issue 42: `post_ln 10.104 ± 40.462` pooled both): each length and status
+    has its own row, and the table says so."""
+    from lnexp.results import main
+
+    root = tmp_path / "runs"
+    for seed, v in ((1, 7.0), (2, 7.2)):
+        fake_run(root, f"post_s{seed}", "fig4_mini", seed=seed, valid=(v + 1, v),
+                 extra={"max_update": 256})
+    fake_run(root, "post_trial", "fig4_mini", seed=3, valid=(13.0,), bleu=(0.0,),
+             extra={"max_update": 5})
+    fake_run(root, "post_div", "fig4_mini", seed=4, valid=(9.0, 8.9), status="diverged",
+             extra={"max_update": 256})
+    assert main(["--runs-root", str(root), "--group-by", "placement", "--csv", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    got = {(r["length"], r["status"]): (r["n"], r["seeds"], float(r["best_valid_loss_mean"]))
+           for r in rows}
+    assert got == {("256 updates", "done"): ("2", "1,2", pytest.approx(7.1)),
+                   ("5 updates", "done"): ("1", "3", 13.0),
+                   ("256 updates", "diverged"): ("1", "4", 8.9)}
+    assert all(r["varies"] == "" for r in rows)  # max_update is a row of its own, not a note
+    assert main(["--runs-root", str(root), "--group-by", "placement"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["placement", "length", "status"]
+    assert sum(ln.startswith("post_ln") for ln in out) == 3
+    assert "never pooled" in out[-1]
