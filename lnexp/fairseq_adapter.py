@@ -439,6 +439,14 @@ def generate_batches(task, split: str, model, max_sentences: int, ids=None):
         yield ds.collater([ds[int(i)] for i in batch])
 
 
+def source_tokens(task, split: str, ids) -> int:
+    """The source tokens of a split's examples ``ids`` (what decoding them costs, roughly)."""
+    import numpy as np
+
+    sizes = task.dataset(split).src_sizes
+    return int(np.asarray(sizes)[np.fromiter(ids, dtype=np.int64)].sum())
+
+
 # Hypotheses up to 1.2 x source + 10 tokens: untrained models stop early instead of at 200.
 MAX_LEN_A, MAX_LEN_B = 1.2, 10
 

@@ -69,6 +69,22 @@ def test_bleu_equals_sacrebleu_on_the_written_files(tiny_run, capsys):
     assert json.loads(record.read_text()) == r
 
 
+def test_decoding_shows_its_progress(tiny_run, capsys):
+    """A beam search of minutes printed nothing (issue 42): evaluate says how far it is, on stderr,
+    and its time left follows the source tokens still to decode (batches come shortest first)."""
+    from lnexp.runtime.progress import DecodeProgress
+
+    rc, out, err = lnexp(capsys, "evaluate", str(tiny_run), "--beam", "2")
+    assert rc == 0 and f"decoding test of {tiny_run.name}: 40/40 sentences (100%)" in err
+    assert err.rstrip().endswith("| done") and "decoding" not in out
+    shown = io.StringIO()
+    progress = DecodeProgress("test", sentences=10, tokens=100, every_s=0.0, stream=shown)
+    progress._t0 -= 10.0  # as if decoding began 10 s ago
+    line = progress.step(5, 20)  # half the sentences, a fifth of the tokens: 4 x 10 s to go
+    assert line == "decoding test: 5/10 sentences (50%) | 0m10s | ~0m40s left"
+    assert progress.step(5, 80).endswith("| done") and shown.getvalue().count("\n") == 2
+
+
 def test_defaults_are_the_datasets_beam_and_lenpen(tiny_run, capsys):
     rc, out, _ = lnexp(capsys, "evaluate", str(tiny_run), "--split", "valid", "--checkpoint", "last")
     assert rc == 0

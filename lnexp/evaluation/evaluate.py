@@ -19,6 +19,7 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 from lnexp.errors import ArgumentParser, UserError, at_least, finite
 from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
 from lnexp.results import RECORD, record_dir
+from lnexp.runtime.progress import DecodeProgress
 
 
 def parser(prog: str, description: str) -> ArgumentParser:
@@ -74,6 +76,7 @@ def fairseq_command(data_dir: str, ckpt: Path, split: str, raw: bool, data, beam
 def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     import sacrebleu
 
+    from lnexp import fairseq_adapter as fa
     from lnexp.evaluation import checkpoints
     from lnexp.evaluation.inputs import prepare_test_set
     from lnexp.rundir import write_json
@@ -91,8 +94,11 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     model, task = checkpoints.load(ckpt, data.bin_dir, device, "raw" if raw else None)
     task.load_dataset(split, combine=False, epoch=1)
     scorer = BleuScorer(task, data, beam, lenpen, batch, 0, split)
+    progress = DecodeProgress(f"{set_name} of {run.dir.name}", scorer.n,
+                              fa.source_tokens(task, split, range(scorer.n)))
+    batches = with_progress(fa.generate_batches(task, split, model, batch, range(scorer.n)), progress)
     hyps_tok = generate(task, model, split, device, beam, lenpen, batch, scorer.decode,
-                        range(scorer.n))
+                        range(scorer.n), batches)
     score, hyps = scorer.score_translations(hyps_tok)
     chrf = sacrebleu.metrics.CHRF()
     chrf_score = chrf.corpus_score(hyps, [scorer.refs]).score
@@ -119,6 +125,14 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     }
     write_json(out / RECORD, record)
     return record
+
+
+def with_progress(batches: Iterable[dict[str, Any]], progress: DecodeProgress
+                  ) -> Iterator[dict[str, Any]]:
+    """fairseq's batches, each counted as decoded when the next one is asked for."""
+    for sample in batches:
+        yield sample
+        progress.step(len(sample["id"]), int(sample["net_input"]["src_lengths"].sum()))
 
 
 def report(r: dict[str, Any]) -> str:

@@ -3,6 +3,7 @@
     UpdateProgress(...).update(...)            # every update: a line each log_interval updates
                                                # (fairseq's manner), a live bar on a terminal
     progress.log_epoch(max_epoch, run_dir, record)   # after each epoch, record = the metrics.jsonl row
+    DecodeProgress(label, sentences, tokens).step(n, t)  # lnexp evaluate/compare: decoding a set
 
 N comes from the sweep definition that Hydra saved in ``<sweep dir>/multirun.yaml`` (the sweeper's
 params plus the command-line overrides); time left assumes the remaining runs take as long per epoch
@@ -113,6 +114,38 @@ class UpdateProgress:
     def _draw(text: str) -> None:
         sys.stdout.write("\r" + text[:150] + "\x1b[K")
         sys.stdout.flush()
+
+
+class DecodeProgress:
+    """Lines such as ``decoding test: 320/1000 sentences (32%) | 45s | ~1m35s left`` on stderr while
+    ``lnexp evaluate`` or ``compare`` decodes a set: a beam search of a few minutes printed nothing and
+    looked like a hang. A line every ``every_s`` seconds (and the last one); the time left is read
+    from the source tokens still to decode, since fairseq's batches come shortest first and a count
+    of sentences would promise too early an end."""
+
+    def __init__(self, label: str, sentences: int, tokens: int, every_s: float = 10.0,
+                 stream: Any = None) -> None:
+        self.label, self.sentences, self.tokens = label, max(sentences, 1), max(tokens, 1)
+        self.every_s = every_s
+        self.stream = stream or sys.stderr
+        self._t0 = self._last = time.perf_counter()
+        self._done = self._done_tokens = 0
+
+    def step(self, sentences: int, tokens: int) -> str | None:
+        """Record a decoded batch; returns the line when one is due."""
+        now = time.perf_counter()
+        self._done += sentences
+        self._done_tokens += tokens
+        if now - self._last < self.every_s and self._done < self.sentences:
+            return None
+        self._last = now
+        elapsed = now - self._t0
+        left = elapsed * max(self.tokens - self._done_tokens, 0) / max(self._done_tokens, 1)
+        tail = "done" if self._done >= self.sentences else f"~{_hms(left)} left"
+        line = (f"decoding {self.label}: {self._done}/{self.sentences} sentences "
+                f"({100 * self._done // self.sentences}%) | {_hms(elapsed)} | {tail}")
+        print(line, file=self.stream, flush=True)
+        return line
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
