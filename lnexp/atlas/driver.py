@@ -422,7 +422,7 @@ def run_atlas(
     log(
         f"lnexp atlas: {len(kinds)} schemes, lrs {', '.join(f'{x:g}' for x in grid.lrs)}, warm-up "
         f"{grid.warmups}, depth {grid.depths}; budget {budget_s / 60:.0f} min, {state['spent_s'] / 60:.1f} "
-        f"spent, {jobs} jobs, at most {max_seeds} seeds a cell"
+        f"spent, {jobs} {'job' if jobs == 1 else 'jobs'}, at most {max_seeds} seeds a cell"
     )
     for copy, of in plan["same_network"].items():
         log(f"lnexp atlas: {copy} is the same network as {of} (configs/placement/): not run twice")
@@ -656,9 +656,10 @@ def main(argv: list[str]) -> int:
                          costs_for={"max_update": max_update, "device": choice.device, "jobs": choice.jobs,
                                     "launcher": args.launcher})
     if str(plan.get("stopped")).startswith("interrupted"):
-        print(f"lnexp atlas: interrupted: {len(plan['launched'])} cells finished in this session, "
-              f"{len(plan['interrupted'])} stopped and kept (status interrupted); the same command "
-              "resumes", file=sys.stderr)
+        done, stopped = len(plan["launched"]), len(plan["interrupted"])
+        print(f"lnexp atlas: interrupted: {done} {'cell' if done == 1 else 'cells'} finished in this "
+              f"session, {stopped} stopped and kept (status interrupted); the same command resumes",
+              file=sys.stderr)
         return INTERRUPTED
     failed = [int(f["status"]) for f in plan["failed"]]
     if failed:

@@ -96,18 +96,21 @@ class ProcessLauncher:
     """One ``python -m lnexp train`` process per cell, ``jobs`` at a time.
 
     Each process is the leader of its own process group, so that a terminal's Ctrl-C reaches the
-    driver alone and :meth:`stop` gives each cell exactly one SIGINT (a second one during lnexp
-    train's own clean-up could cut it short). With GPUs, each job slot gets one of them
-    (CUDA_VISIBLE_DEVICES), round robin. The round waits by polling (no threads): a signal handler
-    that calls :meth:`stop` runs between two polls."""
+    driver alone and :meth:`stop` gives each cell exactly one signal. That signal is SIGTERM: lnexp
+    train takes it as Ctrl-C (status ``interrupted``, work kept), and a process still starting, before
+    lnexp train's handler is set, ends quietly where a SIGINT would print a KeyboardInterrupt
+    traceback. With GPUs, each job slot gets one of them (CUDA_VISIBLE_DEVICES), round robin. The
+    round waits by polling (no threads): a signal handler that calls :meth:`stop` runs between two
+    polls."""
 
     name = "process"
+    TRAIN = (sys.executable, "-m", "lnexp", "train")
     POLL_S = 0.1
-    GRACE_S = 60.0  # after stop: a cell still running this long after its SIGINT is killed
+    GRACE_S = 60.0  # after stop: a cell still running this long after its SIGTERM is killed
 
     def __init__(self, gpus: tuple[str, ...] = (), argv: list[str] | None = None) -> None:
         self.gpus = tuple(gpus)
-        self.argv = argv or [sys.executable, "-m", "lnexp", "train"]
+        self.argv = list(argv or self.TRAIN)
         self._stopping = False
         self._stopped_at = 0.0
         self._running: dict[int, subprocess.Popen] = {}
@@ -126,7 +129,7 @@ class ProcessLauncher:
                 started[i] = (time.monotonic(), slot)
                 self._running[i] = subprocess.Popen([*self.argv, *cell], env=env, process_group=0)
                 if self._stopping:  # stop() came while it was being started
-                    self._signal(self._running[i], signal.SIGINT)
+                    self._signal(self._running[i], signal.SIGTERM)
             for i, p in list(self._running.items()):
                 rc = p.poll()
                 if rc is None:
@@ -136,7 +139,10 @@ class ProcessLauncher:
                 del self._running[i]
                 t0, slot = started.pop(i)
                 free.append(slot)
-                ended(Ended(i, time.monotonic() - t0, 128 - rc if rc < 0 else rc))
+                status = 128 - rc if rc < 0 else rc
+                if self._stopping and status in (INTERRUPTED, 128 + signal.SIGTERM, 128 + signal.SIGKILL):
+                    status = INTERRUPTED  # stopped by stop(), however far it had got
+                ended(Ended(i, time.monotonic() - t0, status))
             if self._running:
                 time.sleep(self.POLL_S)
 
@@ -144,7 +150,7 @@ class ProcessLauncher:
         if not self._stopping:
             self._stopping, self._stopped_at = True, time.monotonic()
             for p in list(self._running.values()):
-                self._signal(p, signal.SIGINT)
+                self._signal(p, signal.SIGTERM)
 
     @staticmethod
     def _signal(p: subprocess.Popen, sig: int) -> None:

@@ -205,7 +205,7 @@ def choose_resources(cores: int, gpus: list[tuple[str, float]], scale: str, dept
         why.append(f"--jobs {jobs} capped at {cap} ({sustains})")
     else:
         chosen = jobs
-        why.append(f"{chosen} jobs (--jobs)")
+        why.append(f"{chosen} {'job' if chosen == 1 else 'jobs'} (--jobs)")
     cost = first_cost(scale, depths, max_update, bool(gpus))
     ref = REF_UPDATES.get(scale, REF_UPDATES["paper"])
     length = f"max_update={max_update}" if 0 < max_update < ref else f"{ref} updates, the experiment's"
