@@ -208,3 +208,23 @@ def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_mul
     assert disk < 5e6, disk  # what outcomes.py and the figures read: status, run.json, metrics, norms.csv
     state = json.loads((root / driver.STATE_FILE).read_text())
     assert state["spent_s"] > 0 and state["costs"]["6"]  # the budget spent is kept across sessions
+    from omegaconf import OmegaConf
+
+    from lnexp import config
+    from lnexp.train.loop import train_run
+
+    ovr = [o for o in OmegaConf.load(cell / ".hydra" / "overrides.yaml") if not o.startswith("max_update=")]
+    with pytest.raises(UserError, match="has no checkpoint to extend .* delete that folder"):
+        train_run(config.compose([*ovr, "max_update=8"]), cell)  # a longer run needs the checkpoint
+
+
+def test_the_gpus_are_read_from_nvidia_smi_and_cuda_visible_devices():
+    listing = "0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n2, NVIDIA A100-SXM4-80GB, 81920\n"
+    h200, a100 = ("NVIDIA H200", 143771 / 1024), ("NVIDIA A100-SXM4-80GB", 80.0)
+    assert driver.gpus_of(listing, None) == [("0", *h200), ("1", *h200), ("2", *a100)]
+    assert driver.gpus_of(listing, "2,0") == [("0", *a100), ("1", *h200)]  # as the cells number them
+    assert driver.gpus_of(listing, "") == [] and driver.gpus_of(listing, "-1") == []
+    assert [g[0] for g in driver.gpus_of(listing, "GPU-aa,GPU-bb")] == ["0", "1"]
+    assert driver.gpus_of("No devices were found\n", None) == []
+    cores, gpus, why = driver.machine(["device=cpu"])
+    assert cores >= 1 and gpus == [] and why == "device=cpu given"

@@ -515,9 +515,10 @@ def full_grid_commands(scale: str, grid: Grid) -> list[str]:
 
 def machine(ovr: list[str]) -> tuple[int, list[tuple[str, str, float]], str]:
     """(usable CPU cores, the GPUs the cells can use as (CUDA id, name, memory GiB), how they were
-    found). Found without importing torch (seconds, and a CUDA context the driver has no use for):
-    ``nvidia-smi`` lists the GPUs, CUDA_VISIBLE_DEVICES narrows them, and a CPU build of torch
-    (its version ends in +cpu) or ``device=cpu`` among the overrides means none."""
+    found). Found without CUDA in the driver (torch's CUDA start-up takes seconds, and the driver has
+    no use for a CUDA context): ``nvidia-smi`` lists the GPUs with their names and memory,
+    CUDA_VISIBLE_DEVICES narrows them, and a CPU build of torch (its version ends in +cpu, read from
+    its metadata) or ``device=cpu`` among the overrides means none."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -537,24 +538,30 @@ def machine(ovr: list[str]) -> tuple[int, list[tuple[str, str, float]], str]:
                              timeout=20, check=False)
     except (OSError, subprocess.SubprocessError):
         return cores, [], "no nvidia-smi"
+    gpus = gpus_of(out.stdout if out.returncode == 0 else "", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return cores, gpus, "nvidia-smi" if gpus else "nvidia-smi lists no GPU"
+
+
+def gpus_of(listing: str, visible: str | None) -> list[tuple[str, str, float]]:
+    """(CUDA id as the cells will see it, name, memory GiB) of each GPU in ``nvidia-smi
+    --query-gpu=index,name,memory.total --format=csv,noheader,nounits`` output, narrowed to
+    ``visible`` (CUDA_VISIBLE_DEVICES: indices, or UUIDs counted; None: every GPU)."""
     gpus = []
-    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+    for line in listing.splitlines():
         parts = [x.strip() for x in line.split(",")]
         if len(parts) == 3:
             try:
                 gpus.append((parts[0], parts[1], float(parts[2]) / 1024))
             except ValueError:
                 continue
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        wanted = [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
-        if all(v.isdigit() for v in wanted):
-            gpus = [g for g in gpus if g[0] in wanted]
-            # the cells see them renumbered from 0, in CUDA_VISIBLE_DEVICES's order
-            gpus = [(str(wanted.index(g[0])), g[1], g[2]) for g in gpus]
-        else:  # GPU UUIDs: as many as listed, numbered as the cells will see them
-            gpus = [(str(k), g[1], g[2]) for k, g in enumerate(gpus[:len(wanted)])]
-    return cores, gpus, "nvidia-smi" if gpus else "nvidia-smi lists no GPU"
+    if visible is None:
+        return gpus
+    wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    wanted = wanted[:wanted.index("-1")] if "-1" in wanted else wanted  # CUDA stops at an invalid id
+    if all(v.isdigit() for v in wanted):  # renumbered from 0 in CUDA_VISIBLE_DEVICES's order
+        by_index = {g[0]: g for g in gpus}
+        return [(str(k), by_index[v][1], by_index[v][2]) for k, v in enumerate(wanted) if v in by_index]
+    return [(str(k), g[1], g[2]) for k, g in enumerate(gpus[:len(wanted)])]  # UUIDs: as many as listed
 
 
 def _max_update(ovr: list[str]) -> int:

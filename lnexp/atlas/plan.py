@@ -140,6 +140,8 @@ START_S = 15.0  # of a cell's time, what does not scale with its updates: start-
 # 1.71x, 8 runs 1.76x); GiB each run needs (peak 0.12 / 0.60 GiB there, + ~0.5 GiB of CUDA context)
 GPU_JOBS = {"mini": 16, "gpu": 4, "paper": 4}
 GPU_RUN_GIB = {"mini": 0.7, "gpu": 1.2, "paper": 1.2}
+GPU_WHY = {"mini": "16 measured on one H200",
+           "paper": "4 paper-size runs gave 1.7x one run's speed, 8 no more"}
 # Default budgets (minutes): mini on CPU = make atlas on 2 cores within 2 hours with the install,
 # the dt column and the figures (docs/atlas.md); mini on a GPU = make atlas with the install and
 # the figures within 15 minutes (a GPU window here); other scales: no limit
@@ -192,8 +194,8 @@ def choose_resources(cores: int, gpus: list[tuple[str, float]], scale: str, dept
         cap = max(1, min(cores, per * len(gpus)))
         names = sorted({n for n, _ in gpus})
         device = f"{len(gpus)} x {' / '.join(names)}" if len(gpus) > 1 else names[0]
-        sustains = (f"{device}: {per} jobs a GPU (measured on one H200: 16 mini jobs; the paper "
-                    f"model: 4), at most one a core ({cores})")
+        sustains = (f"{device}: {per} a GPU, {GPU_WHY.get(scale, GPU_WHY['paper'])}; at most one a core "
+                    f"of {cores}")
     else:
         cap, device = cores, "cpu"
         sustains = f"{cores} CPU cores: one 1-thread job a core"
