@@ -53,6 +53,8 @@ def test_several_gpus_share_the_cores_and_a_small_gpu_its_memory():
     assert four.jobs == 64 and four.device == "4 x NVIDIA A100-SXM4-80GB"
     assert plan.choose_resources(32, [H200] * 4, "mini", (6,)).jobs == 32  # the cores bind
     assert plan.choose_resources(64, [("small", 4.0)] * 2, "mini", (6,)).jobs == 8  # 4 runs of 0.7 GiB a GPU
+    lean = plan.choose_resources(64, [], "mini", (6,), memory_gib=16.0)  # 1.6 GiB a mini cell
+    assert lean.jobs == 10 and "16 GiB of memory hold 10" in lean.why[0]
     paper = plan.choose_resources(64, [H200] * 2, "paper", (6, 18))
     assert paper.jobs == 8 and paper.budget_s == plan.NO_LIMIT_S  # 4 paper runs a GPU, no budget
 

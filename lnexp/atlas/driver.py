@@ -564,6 +564,14 @@ def gpus_of(listing: str, visible: str | None) -> list[tuple[str, str, float]]:
     return [(str(k), g[1], g[2]) for k, g in enumerate(gpus[:len(wanted)])]  # UUIDs: as many as listed
 
 
+def _memory_gib() -> float | None:
+    """The host's memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _max_update(ovr: list[str]) -> int:
     """The cells' max_update given among the overrides (0: the experiment's own)."""
     for o in ovr:
@@ -649,7 +657,7 @@ def main(argv: list[str]) -> int:
     cores, gpus, found = machine(args.overrides)
     max_update = _max_update(args.overrides)
     choice = choose_resources(cores, [(n, m) for _, n, m in gpus], args.scale, grid.depths, max_update,
-                              args.jobs, args.budget_min)
+                              args.jobs, args.budget_min, _memory_gib())
     _check_budget(choice, args.budget_min)
     cheapest = min(choice.cost_s.values())
     cap = seed_cap(choice.budget_s, choice.jobs, cheapest, C.MAX_SEEDS)

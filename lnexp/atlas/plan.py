@@ -140,6 +140,9 @@ START_S = 15.0  # of a cell's time, what does not scale with its updates: start-
 # 1.71x, 8 runs 1.76x); GiB each run needs (peak 0.12 / 0.60 GiB there, + ~0.5 GiB of CUDA context)
 GPU_JOBS = {"mini": 16, "gpu": 4, "paper": 4}
 GPU_RUN_GIB = {"mini": 0.7, "gpu": 1.2, "paper": 1.2}
+# Host memory a cell's process takes (peak RSS: 1.57 GB for a mini cell, /usr/bin/time, 2026-12-04;
+# the paper model's a guess): jobs beyond what the memory holds would swap
+RUN_RAM_GIB = {"mini": 1.6, "gpu": 3.0, "paper": 3.0}
 GPU_WHY = {"mini": "16 measured on one H200",
            "paper": "4 paper-size runs gave 1.7x one run's speed, 8 no more"}
 # Default budgets (minutes): mini on CPU = make atlas on 2 cores within 2 hours with the install,
@@ -180,12 +183,13 @@ def first_cost(scale: str, depths: Iterable[int], max_update: int, gpu: bool) ->
 
 def choose_resources(cores: int, gpus: list[tuple[str, float]], scale: str, depths: Iterable[int],
                      max_update: int = 0, jobs: int | None = None,
-                     budget_min: float | None = None) -> Choice:
+                     budget_min: float | None = None, memory_gib: float | None = None) -> Choice:
     """Jobs, budget and a cell's first cost from the machine: ``cores`` usable CPU cores, ``gpus``
-    (name, memory in GiB) each, ``max_update`` the cells' run length (0: the experiment's). On CPU,
-    one 1-thread job a core; on GPUs, GPU_JOBS a GPU within its memory and one job a core (each job
-    feeds its GPU from a core). ``jobs`` and ``budget_min`` override (jobs capped at what the
-    machine sustains, saying so)."""
+    (name, memory in GiB) each, ``max_update`` the cells' run length (0: the experiment's),
+    ``memory_gib`` the host's memory (None: not a limit). On CPU, one 1-thread job a core; on GPUs,
+    GPU_JOBS a GPU within its memory and one job a core (each job feeds its GPU from a core); never
+    more than the host's memory holds (RUN_RAM_GIB a job). ``jobs`` and ``budget_min`` override
+    (jobs capped at what the machine sustains, saying so)."""
     cores = max(int(cores), 1)
     depths = tuple(depths)
     why: list[str] = []
@@ -199,6 +203,10 @@ def choose_resources(cores: int, gpus: list[tuple[str, float]], scale: str, dept
     else:
         cap, device = cores, "cpu"
         sustains = f"{cores} CPU cores: one 1-thread job a core"
+    ram = RUN_RAM_GIB.get(scale, RUN_RAM_GIB["paper"])
+    if memory_gib is not None and int(memory_gib / ram) < cap:
+        cap = max(1, int(memory_gib / ram))
+        sustains += f"; {memory_gib:.0f} GiB of memory hold {cap} at {ram:g} GiB a job"
     if jobs is None:
         chosen = cap
         why.append(f"{chosen} jobs ({sustains})")
