@@ -230,3 +230,27 @@ def test_the_gpus_are_read_from_nvidia_smi_and_cuda_visible_devices():
     assert driver.gpus_of("No devices were found\n", None) == []
     cores, gpus, why = driver.machine(["device=cpu"])
     assert cores >= 1 and gpus == [] and why == "device=cpu given"
+
+
+def test_a_signal_ends_the_rounds_and_no_further_cell_starts(tmp_path):
+    """In process, with the zoo tests' fake launcher: SIGINT while the third cell runs; the round
+    and the atlas end there, the plan says interrupted, the budget spent is kept."""
+    from tests.test_atlas_zoo import FEW, GRID, fake_launcher
+
+    root, log = tmp_path / "runs", []
+    launcher = fake_launcher(root, {}, log)
+    inner = launcher.fn
+
+    def third_is_stopped(ovr: list[str]) -> float:
+        took = inner(ovr)
+        if len(log) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, in the main thread
+        return took
+
+    launcher.fn = third_is_stopped
+    before = signal.getsignal(signal.SIGINT)
+    out = driver.run_atlas(root, "mini", 1e9, 2, launcher, GRID, log=lambda s: None, kinds=FEW)
+    assert out["stopped"].startswith("interrupted") and len(log) == 3
+    assert signal.getsignal(signal.SIGINT) is before  # the driver's handler is put back
+    assert json.loads((root / driver.PLAN_FILE).read_text())["stopped"] == out["stopped"]
+    assert json.loads((root / driver.STATE_FILE).read_text())["costs"]["6"] == [100.0] * 3

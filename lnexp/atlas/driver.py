@@ -4,8 +4,15 @@ Why a driver and not a Hydra Sweeper plugin: Hydra instantiates sweepers only fr
 ``hydra_plugins`` namespace package, a top-level package this repository's fixed layout has no room
 for. So the choice of cells lives in :mod:`lnexp.atlas.plan` (pure, unit-tested) and each chosen
 cell is one ``lnexp train`` run of ``experiment=atlas_SCALE`` (its folder, resume and skip-if-finished
-are lnexp train's own), ``--jobs`` at a time. The full grid without adaptivity is Hydra's own
-multirun (``--full`` prints the commands; Hydra's joblib or submitit launcher runs them).
+are lnexp train's own), trained by a :class:`lnexp.atlas.launchers.Launcher` (``--launcher``),
+``--jobs`` at a time. The full grid without adaptivity is Hydra's own multirun (``--full`` prints the
+commands; Hydra's joblib or submitit launcher runs them).
+
+The jobs, the budget and a cell's cost before one is measured come from the machine
+(:func:`lnexp.atlas.plan.choose_resources`: cores, GPUs, memory), printed with why. One atlas at a
+time holds a runs root (:func:`atlas_lock`); SIGINT/SIGTERM stop it between two polls of the
+launcher (no thread, no lock is cut in the middle): queued cells never start, running ones stop as
+lnexp train stops, and ``main`` exits 130 saying the same command resumes.
 
 Rounds, in order: coverage (every scheme at the shared lr, with and without warm-up, seed 1), the
 claims (lnexp.atlas.claims: each round's slots to the undecided claim cheapest to decide,
