@@ -437,6 +437,7 @@ BOUNDS: dict[str, Bound] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "norm.name": NORMS, "precision": PRECISIONS, "device": ("auto", "cpu", "cuda"),
     "placement.name": PLACEMENTS, "schedule.name": SCHEDULES,
+    "checkpoint.at_end": ("keep", "delete"),
     "distributed.backend": ("auto", "gloo", "nccl", "mpi", "ucc"),  # torch.distributed's
     "distributed.ddp_backend": ("auto", "legacy_ddp", "pytorch_ddp", "c10d", "no_c10d",
                                 "fully_sharded", "slowmo"),  # fairseq's --ddp-backend

@@ -14,6 +14,7 @@ import pytest
 from lnexp.atlas import driver
 from lnexp.atlas.claims import MAX_SEEDS, claim_cells
 from lnexp.atlas.grid import Grid
+from lnexp.atlas.launchers import Ended
 from lnexp.atlas.outcomes import Arm, Scheme
 from lnexp.atlas.plan import Job, bracket, fits, next_cells
 from tests.test_figures_fig2_fig4 import fake_run
@@ -62,7 +63,29 @@ def test_fits_schedules_the_prefix_on_the_jobs():
     assert fits([], 2, 0.0) == 0
 
 
-def fake_launcher(root: Path, limit: dict[tuple[str, int], float], log: list, after=None):
+class Calls:
+    """A Launcher that trains each cell of a round by calling ``fn(overrides) -> seconds``, one after
+    another, in this process."""
+
+    name = "calls"
+
+    def __init__(self, fn) -> None:
+        self.fn, self.stopped = fn, False
+
+    def __call__(self, ovr: list[str]) -> float:
+        return self.fn(ovr)
+
+    def run_round(self, cells, jobs, ended) -> None:
+        for i, cell in enumerate(cells):
+            if self.stopped:
+                return
+            ended(Ended(i, self.fn(cell), 0))
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def fake_launcher(root: Path, limit: dict[tuple[str, int], float], log: list, after=None) -> Calls:
     """Writes the run folder lnexp train would (trained below the scheme's limit lr, else plateau);
     ``after(run_dir, overrides)`` may add to it (norms.csv, another loss)."""
 
@@ -94,7 +117,7 @@ def fake_launcher(root: Path, limit: dict[tuple[str, int], float], log: list, af
             after(d, kv)
         return 100.0 * (3 if depth == 18 else 1)
 
-    return launch
+    return Calls(launch)
 
 
 def test_driver_rounds_resume_and_budget(tmp_path):
@@ -128,7 +151,7 @@ def clocked(inner, clock: list[float]):
         clock[0] += took / 2
         return took
 
-    return launch
+    return Calls(launch)
 
 
 def test_a_copy_of_another_schemes_network_is_run_once():
@@ -172,7 +195,7 @@ def test_a_round_cut_by_the_budget_is_offered_again_when_its_runs_end_early(tmp_
         return took
 
     kinds = [Scheme(p) for p in ("post_ln", "pre_ln", "peri_ln", "deepnorm", "rezero", "t_fixup", "b2t")]
-    plan = driver.run_atlas(root, "mini", 2000.0, 2, launch, GRID, log=lambda s: None, kinds=kinds)
+    plan = driver.run_atlas(root, "mini", 2000.0, 2, Calls(launch), GRID, log=lambda s: None, kinds=kinds)
     launched = [tuple(sorted(d.items())) for d in plan["launched"]]
     assert plan["stopped"].startswith("budget") and cut
     assert any(tuple(sorted(c.items())) in launched for c in cut)  # a cut cell ran in a later round
@@ -329,7 +352,7 @@ def test_driver_does_not_retry_a_failing_run_in_a_loop(tmp_path):
         log.append(tuple(ovr))
         return 1.0
 
-    plan = driver.run_atlas(root, "mini", 1e9, 2, crashing, GRID, log=lambda s: None, kinds=FEW[:1])
+    plan = driver.run_atlas(root, "mini", 1e9, 2, Calls(crashing), GRID, log=lambda s: None, kinds=FEW[:1])
     assert plan["stopped"].startswith("done") and len(log) == len(set(log)) <= 4 + 2 * 2
 
 

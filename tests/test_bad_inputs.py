@@ -500,16 +500,14 @@ def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_mu
 def test_atlas_whose_runs_fail_to_start_exits_non_zero(tmp_path, monkeypatch, capsys):
     """Every `lnexp train` of the atlas exits 2 (as a bad override would in each cell): the atlas
     says so in one line at the end and exits 2, not `done` with status 0."""
-    from lnexp.atlas import driver
+    from lnexp.atlas import driver, launchers
 
-    launched = []
-
-    def failing(argv, check=False):
-        launched.append(argv)
-        return subprocess.CompletedProcess(argv, 2)
-
-    monkeypatch.setattr(driver.subprocess, "run", failing)
+    log = tmp_path / "launched"  # each cell's process: one line, then exit status 2
+    monkeypatch.setattr(launchers.ProcessLauncher, "TRAIN", (
+        sys.executable, "-S", "-c", f"open({str(log)!r}, 'a').write('x\\n'); raise SystemExit(2)"))
+    monkeypatch.setattr(launchers.ProcessLauncher, "POLL_S", 0.01)
     assert driver.main(["--runs-root", str(tmp_path / "runs"), "--budget-min", "1000"]) == 2
+    launched = log.read_text().splitlines()
     err = capsys.readouterr().err.strip().splitlines()
     assert launched and err == [f"lnexp atlas: error: {len(launched)} runs ended with an error (exit "
                                 "status 2): their messages are above; fix, then run the same "

@@ -19,7 +19,8 @@ A claim of several comparisons (both stacks, three rescuers) holds when every on
 the largest: an intersection-union test) and is refuted by any one (the smallest, times their
 number). Holm's correction runs across the claims, for the support and the refutation p-values
 each. The looks are sequential (the driver adds seeds until a claim is decided) while the tests
-are those of a fixed n, so the stated level is nominal: MAX_SEEDS bounds the looks.
+are those of a fixed n, so the stated level is nominal: the seed cap (MAX_SEEDS, or what lnexp atlas's
+budget affords: lnexp.atlas.plan.seed_cap) bounds the looks.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from lnexp.atlas.outcomes import MEASURES, Arm, Cells, Scheme
 from lnexp.atlas.plan import Job, Need
 
 ALPHA = 0.05  # family-wise, over the claims (Holm)
-MAX_SEEDS = 12  # seeds per arm at most: a claim that needs more is left undecided, with its count
+MAX_SEEDS = 12  # seeds per arm at most, by default (lnexp atlas raises it where its budget and device
+# afford more: lnexp.atlas.plan.seed_cap); a claim that needs more is left undecided, with its count
 SHARES = (0.95, 0.05)  # stability's stated effect: a cell that trains in 95% of seeds, one in 5%
 PRIOR_SD = {"bits/token": 0.15, "log2": 0.5}  # sd of a paired difference before PILOT pairs exist
 PILOT = 3  # pairs a paired claim runs before its sd is estimated from them
@@ -318,7 +320,8 @@ class Verdict:
         return self.note or f"undecided: needs {self.runs_needed} more runs"
 
 
-def _next_jobs(ats: list[At], n_target: int, grid: Grid, cells: Cells, tried: set[Job]) -> list[Job]:
+def _next_jobs(ats: list[At], n_target: int, grid: Grid, cells: Cells, tried: set[Job],
+               max_seeds: int = MAX_SEEDS) -> list[Job]:
     """The runs that bring each of these cells to ``n_target`` seeds, seed by seed across the cells
     (so that the pairs fill evenly), seeds run or tried skipped."""
     per: list[list[Job]] = []
@@ -326,16 +329,16 @@ def _next_jobs(ats: list[At], n_target: int, grid: Grid, cells: Cells, tried: se
         arm, i = a.arm(grid), a.lr_index(grid)
         c = cells.get((arm, grid.lrs[i]))
         have = {s for s, o in (c.outcomes() if c else {}).items() if o != "missing"}
-        free = [s for s in range(1, MAX_SEEDS + 1) if s not in have and Job(arm, i, s) not in tried]
+        free = [s for s in range(1, max_seeds + 1) if s not in have and Job(arm, i, s) not in tried]
         per.append([Job(arm, i, s) for s in free[: max(0, n_target - len(have))]])
     return [jobs[k] for k in range(max(map(len, per), default=0)) for jobs in per if k < len(jobs)]
 
 
 def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: set[Job] = frozenset(),
-             alpha: float = ALPHA) -> list[Verdict]:  # type: ignore[assignment]
+             alpha: float = ALPHA, max_seeds: int = MAX_SEEDS) -> list[Verdict]:  # type: ignore[assignment]
     """Every claim's verdict from the cells seen, Holm-adjusted across the claims, and for each one
     undecided the runs that would decide it (the power each test has at the effect its claim states,
-    at the level Holm gives the first of the undecided claims)."""
+    at the level Holm gives the first of the undecided claims), up to ``max_seeds`` seeds a cell."""
     claims = list(claims)
     done = {(a, grid.lrs.index(lr), s) for (a, lr), c in cells.items() for s, o in c.outcomes().items()
             if o != "missing" and lr in grid.lrs}
@@ -357,14 +360,14 @@ def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: 
             if any((a.arm(grid), a.lr_index(grid)) in broken for a in ats):
                 v.note = (f"undecided: needs {v.runs_needed} more runs (a run of its cells failed in this "
                           "session: rerun lnexp atlas to retry)")
-            elif n > MAX_SEEDS and (have >= PILOT or v.claim.test in STABILITY):
+            elif n > max_seeds and (have >= PILOT or v.claim.test in STABILITY):
                 more = "+" if n > S.MAX_N else ""
                 v.note = (f"undecided: needs {v.runs_needed}{more} more runs ({n}{more} seeds per cell; the "
-                          f"atlas runs at most {MAX_SEEDS})")
+                          f"atlas runs at most {max_seeds})")
             else:  # a paired claim gets its pilot seeds before its spread is estimated from them
                 pilot = v.claim.test not in STABILITY and have < PILOT
-                target = PILOT if pilot else min(n, MAX_SEEDS)
-                v.jobs = tuple(_next_jobs(ats, target, grid, cells, set(tried)))
+                target = PILOT if pilot else min(n, max_seeds)
+                v.jobs = tuple(_next_jobs(ats, target, grid, cells, set(tried), max_seeds))
     return out
 
 

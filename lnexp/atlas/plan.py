@@ -11,6 +11,7 @@ both sides get the extra seeds. A cell is stable when every seed run there train
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -120,3 +121,134 @@ def allocate(needs: Iterable[Need], slots: int, remaining_s: float) -> list[Job]
             if j not in out:
                 out.append(j)
     return out
+
+
+# --- what the machine affords: jobs, budget, a cell's cost before one is measured -------------------
+
+# Seconds a cell takes, before any cell of this atlas has ended, at the experiment's own run length
+# (``REF_UPDATES``), by depth. CPU: two 1-thread jobs on 2 idle cores, the medians of the Intel make
+# atlas of 2026-12-02 (docs/results.md); a cell's time is its own core's, so more cores run more
+# cells at the same cost. GPU (mini): one NVIDIA H200 with 16 cores, 16 jobs sharing it, 2026-12-04
+# (../shared/measurements/2026-12-04-h200: 74 cells in 290 s, launch to end 34-81 s, ~1,000 cells/h,
+# so ~58 s a cell); 18+18 was not run there: 6+6's time x the CPU's 18/6 ratio.
+CPU_COST_S = {"mini": {6: 155.0, 18: 350.0}, "paper": {6: 3600.0, 18: 9000.0}}
+GPU_COST_S = {"mini": {6: 58.0, 18: 131.0}}
+REF_UPDATES = {"mini": 120, "gpu": 930, "paper": 8000}  # configs/experiment/atlas_SCALE.yaml max_update
+START_S = 15.0  # of a cell's time, what does not scale with its updates: start-up, data, the evaluation
+# Jobs one GPU sustains at a scale: mini 16 (measured on the H200: 16 jobs on 16 cores; 8 mini runs
+# side by side gave 4.96x one run's tokens/s, scripts/gpu_share.py); the paper model 4 (4 runs gave
+# 1.71x, 8 runs 1.76x); GiB each run needs (peak 0.12 / 0.60 GiB there, + ~0.5 GiB of CUDA context)
+GPU_JOBS = {"mini": 16, "gpu": 4, "paper": 4}
+GPU_RUN_GIB = {"mini": 0.7, "gpu": 1.2, "paper": 1.2}
+# Host memory a cell's process takes (peak RSS: 1.57 GB for a mini cell, /usr/bin/time, 2026-12-04;
+# the paper model's a guess): jobs beyond what the memory holds would swap
+RUN_RAM_GIB = {"mini": 1.6, "gpu": 3.0, "paper": 3.0}
+GPU_WHY = {"mini": "16 measured on one H200",
+           "paper": "4 paper-size runs gave 1.7x one run's speed, 8 no more"}
+# Default budgets (minutes): mini on CPU = make atlas on 2 cores within 2 hours with the install,
+# the dt column and the figures (docs/atlas.md); mini on a GPU = make atlas with the install and
+# the figures within 15 minutes (a GPU window here); other scales: no limit
+MINI_BUDGET_MIN = {"cpu": 100.0, "gpu": 10.0}
+NO_LIMIT_S = 1e9
+# Seeds per arm at most: at least claims.MAX_SEEDS; more where a quarter of the budget buys them
+# for a two-cell claim on the jobs that run at once; never beyond what the power search knows (50)
+SEED_SHARE = 0.25
+SEEDS_CEILING = 50
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What lnexp atlas runs with on this machine, and why (one line each, printed)."""
+
+    jobs: int
+    budget_s: float
+    cost_s: dict[int, float]  # a cell's seconds by depth, until cells of this atlas are measured
+    device: str  # "cpu" or the GPUs' name
+    why: tuple[str, ...]
+
+
+def first_cost(scale: str, depths: Iterable[int], max_update: int, gpu: bool) -> dict[int, float]:
+    """A cell's seconds by depth before any is measured: the table's (GPU_COST_S on a GPU where it
+    has the scale, else CPU_COST_S; an unknown scale takes paper's), START_S plus the rest scaled
+    to ``max_update`` (0: the experiment's own length)."""
+    table = (GPU_COST_S if gpu and scale in GPU_COST_S else CPU_COST_S).get(scale, CPU_COST_S["paper"])
+    ref = REF_UPDATES.get(scale, REF_UPDATES["paper"])
+    frac = max_update / ref if 0 < max_update < ref else 1.0
+    out = {}
+    for d in depths:
+        at = table.get(d, max(table.values()) * d / max(table))
+        out[d] = round(min(START_S, at) + max(at - START_S, 0.0) * frac, 1)
+    return out
+
+
+def choose_resources(cores: int, gpus: list[tuple[str, float]], scale: str, depths: Iterable[int],
+                     max_update: int = 0, jobs: int | None = None,
+                     budget_min: float | None = None, memory_gib: float | None = None) -> Choice:
+    """Jobs, budget and a cell's first cost from the machine: ``cores`` usable CPU cores, ``gpus``
+    (name, memory in GiB) each, ``max_update`` the cells' run length (0: the experiment's),
+    ``memory_gib`` the host's memory (None: not a limit). On CPU, one 1-thread job a core; on GPUs,
+    GPU_JOBS a GPU within its memory and one job a core (each job feeds its GPU from a core); never
+    more than the host's memory holds (RUN_RAM_GIB a job). ``jobs`` and ``budget_min`` override
+    (jobs capped at what the machine sustains, saying so)."""
+    cores = max(int(cores), 1)
+    depths = tuple(depths)
+    why: list[str] = []
+    if gpus:
+        per = min(GPU_JOBS.get(scale, 4), *(int(0.8 * mem / GPU_RUN_GIB.get(scale, 1.2)) for _, mem in gpus))
+        cap = max(1, min(cores, per * len(gpus)))
+        names = sorted({n for n, _ in gpus})
+        device = f"{len(gpus)} x {' / '.join(names)}" if len(gpus) > 1 else names[0]
+        sustains = (f"{device}: {per} a GPU, {GPU_WHY.get(scale, GPU_WHY['paper'])}; at most one a core "
+                    f"of {cores}")
+    else:
+        cap, device = cores, "cpu"
+        sustains = f"{cores} CPU cores: one 1-thread job a core"
+    ram = RUN_RAM_GIB.get(scale, RUN_RAM_GIB["paper"])
+    if memory_gib is not None and int(memory_gib / ram) < cap:
+        cap = max(1, int(memory_gib / ram))
+        sustains += f"; {memory_gib:.0f} GiB of memory hold {cap} at {ram:g} GiB a job"
+    if jobs is None:
+        chosen = cap
+        why.append(f"{chosen} jobs ({sustains})")
+    elif jobs > cap:
+        chosen = cap
+        why.append(f"--jobs {jobs} capped at {cap} ({sustains})")
+    else:
+        chosen = jobs
+        why.append(f"{chosen} {'job' if chosen == 1 else 'jobs'} (--jobs)")
+    cost = first_cost(scale, depths, max_update, bool(gpus))
+    ref = REF_UPDATES.get(scale, REF_UPDATES["paper"])
+    length = f"max_update={max_update}" if 0 < max_update < ref else f"{ref} updates, the experiment's"
+    where = ("measured on one H200, 16 jobs" if gpus and scale in GPU_COST_S
+             else "measured on 2 CPU cores, 2 jobs")
+    why.append("a cell's first cost " + ", ".join(f"{cost[d]:.0f} s at {d}+{d}" for d in depths)
+               + f" ({length}; {where}); measured cells replace it")
+    if budget_min is not None:
+        budget_s = budget_min * 60
+        why.append(f"budget {budget_min:g} min (--budget-min)")
+    elif scale == "mini":
+        kind = "gpu" if gpus else "cpu"
+        budget_s = MINI_BUDGET_MIN[kind] * 60
+        why.append(f"budget {MINI_BUDGET_MIN[kind]:g} min (mini's default on a "
+                   + ("GPU: make atlas within a 15-minute GPU window)" if gpus
+                      else "CPU: make atlas within 2 hours on 2 cores)"))
+    else:
+        budget_s = NO_LIMIT_S
+        why.append(f"no budget (the {scale} scale's default)")
+    return Choice(chosen, budget_s, cost, device, tuple(why))
+
+
+def smallest_budget_min(cost_s: dict[int, float], reserve_s: float) -> float:
+    """The smallest --budget-min that holds one cell (the cheapest) and the figures' reserve,
+    rounded up to a tenth of a minute."""
+    return math.ceil((reserve_s + min(cost_s.values())) / 6.0) / 10.0
+
+
+def seed_cap(budget_s: float, jobs: int, cost_s: float, floor: int) -> int:
+    """Seeds per arm the atlas may run: ``floor`` (claims.MAX_SEEDS), or more where SEED_SHARE of
+    the budget runs that many seeds of a two-cell claim's cells on ``jobs`` at once, at ``cost_s``
+    a cell; at most SEEDS_CEILING."""
+    if not (math.isfinite(budget_s) and budget_s < NO_LIMIT_S):
+        return SEEDS_CEILING
+    afford = int(SEED_SHARE * budget_s * max(jobs, 1) / (2 * max(cost_s, 1e-9)))
+    return max(floor, min(SEEDS_CEILING, afford))

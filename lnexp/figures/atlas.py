@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
                         f"{'' if args.scale == 'mini' else ' SCALE=' + args.scale}` first")
     got, plan = cells(runs), read_plan(args.runs_root)
     grid = atlas_grid(args.scale, plan, got)
-    verdicts = C.evaluate(grid, got)
+    verdicts = C.evaluate(grid, got, max_seeds=int(plan.get("max_seeds") or C.MAX_SEEDS))  # the driver's cap
     cks = [to_check(v, grid) for v in verdicts]
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "atlas.csv", RUN_FIELDS, [run_row(r) for r in runs])

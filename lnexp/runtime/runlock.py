@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,9 +56,17 @@ def _refusal(run_dir: Path, holder: dict[str, Any]) -> RunLocked:
 
 def acquire(run_dir: Path) -> Path:
     """Take the run's lock, or raise RunLocked; returns the lock file."""
+    return take(run_paths(run_dir)["lock"], lambda holder: holder_alive(holder, run_dir),
+                lambda holder: _refusal(run_dir, holder), str(run_dir))
+
+
+def take(path: Path, alive: Callable[[dict[str, Any]], bool],
+         refusal: Callable[[dict[str, Any]], UserError], what: str) -> Path:
+    """Take the lock file ``path`` (made with O_EXCL, naming this process), or raise
+    ``refusal(holder)`` while ``alive(holder)``; a lock whose holder is gone is taken over, saying so.
+    One door for a run's lock and the atlas's lock on its runs root."""
     import json
 
-    path = run_paths(run_dir)["lock"]
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(20):
         try:
@@ -74,10 +82,10 @@ def acquire(run_dir: Path) -> Path:
                     time.sleep(0.1)
                     continue
                 holder = {}
-            elif holder_alive(holder, run_dir):
-                raise _refusal(run_dir, holder) from None
+            elif alive(holder):
+                raise refusal(holder) from None
             log.warning("%s: taking over its lock from pid %s on host %s, which is gone",
-                        run_dir, holder.get("pid", "?"), holder.get("host", "?"))
+                        what, holder.get("pid", "?"), holder.get("host", "?"))
             stale = path.with_name(f"{path.name}.stale{os.getpid()}")
             try:
                 os.replace(path, stale)  # one taker wins; the others find the winner's lock
@@ -95,8 +103,8 @@ def acquire(run_dir: Path) -> Path:
                 raise
             raise error from None
         return path
-    raise RunLocked(f"{run_dir}: could not take its lock {path}: delete that file if no lnexp "
-                    "process trains the run, then run the same command again")
+    raise RunLocked(f"{what}: could not take its lock {path}: delete that file if no lnexp "
+                    "process holds it, then run the same command again")
 
 
 def release(path: Path) -> None:

@@ -155,10 +155,15 @@ class Rank0:
         self.close_bar()
 
     def finish(self, status: dict[str, Any], signature: str | None) -> None:
+        """The final status and run.json; then, with checkpoint.at_end=delete, the checkpoints go
+        (after the status that says so: a kill in between leaves them, never a run without either)."""
         run_json = read_json(self.paths["run"], {})
         run_json["bleu_signature"] = signature
         write_json(self.paths["run"], run_json)
-        write_json(self.paths["status"], status)
+        delete = self.setup.checkpoints_at_end == "delete"
+        write_json(self.paths["status"], {**status, "checkpoints_deleted": True} if delete else status)
+        if delete:
+            shutil.rmtree(self.paths["checkpoints"], ignore_errors=True)
 
 
 class OtherRank(Rank0):

@@ -73,6 +73,7 @@ class RunSetup:
     save_every: int  # updates between mid-epoch checkpoints (0: none)
     log_interval: int
     keep_last_epochs: int
+    checkpoints_at_end: str  # keep | delete (checkpoint.at_end)
     eval: dict[str, Any]  # BleuScorer's beam, lenpen, max_sentences, subset
     plateau_epoch: int
     plateau_margin: float
@@ -113,6 +114,7 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
         max_epoch=int(cfg.max_epoch), max_update=int(cfg.max_update),
         save_every=int(cfg.save_interval_updates), log_interval=int(cfg.log_interval),
         keep_last_epochs=int(cfg.checkpoint.keep_last_epochs),
+        checkpoints_at_end=str(cfg.checkpoint.get("at_end", "keep")),
         eval={"beam": int(cfg.eval.beam), "lenpen": float(cfg.eval.lenpen),
               "max_sentences": int(cfg.eval.max_sentences), "subset": int(cfg.eval.subset)},
         plateau_epoch=int(cfg.divergence.plateau_epoch),

@@ -1,0 +1,256 @@
+"""lnexp atlas as a process a user starts and stops: a signal stops it (exit 130, work kept, the same
+command resumes), one atlas per runs root, a damaged state refused, budgets that hold a cell, jobs
+the machine sustains, the device-aware choice (pure), the process launcher, a cell's disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lnexp.atlas import driver, launchers, plan
+from lnexp.atlas.claims import MAX_SEEDS
+from lnexp.errors import UserError
+from tests.conftest import REPO, lnexp_main
+
+H200 = ("NVIDIA H200", 140.4)  # GiB, as nvidia-smi's 143,771 MiB
+
+
+# --- the device-aware choice (pure) ----------------------------------------------------------------
+
+
+def test_two_cpu_cores_get_two_jobs_155_s_a_cell_and_100_minutes():
+    c = plan.choose_resources(2, [], "mini", (6, 18))
+    assert (c.jobs, c.budget_s, c.cost_s, c.device) == (2, 6000.0, {6: 155.0, 18: 350.0}, "cpu")
+    assert c.why[0] == "2 jobs (2 CPU cores: one 1-thread job a core)"
+    assert "budget 100 min (mini's default on a CPU" in c.why[-1]
+    assert plan.seed_cap(c.budget_s, c.jobs, c.cost_s[6], MAX_SEEDS) == MAX_SEEDS  # as before
+
+
+def test_one_h200_with_16_cores_gets_16_jobs_58_s_a_cell_and_10_minutes():
+    c = plan.choose_resources(16, [H200], "mini", (6, 18))
+    assert (c.jobs, c.budget_s, c.cost_s[6], c.device) == (16, 600.0, 58.0, "NVIDIA H200")
+    assert "measured on one H200, 16 jobs" in c.why[1] and "15-minute GPU window" in c.why[-1]
+    # ~1,000 cells an hour, as measured (2026-12-04)
+    assert 950 <= 3600 / c.cost_s[6] * c.jobs <= 1050
+    # post_ln_needs_warmup needs 13 seeds a cell at its stated effect: the GPU's budget affords them
+    assert plan.seed_cap(c.budget_s, c.jobs, c.cost_s[6], MAX_SEEDS) >= 13
+    # fewer cores than the GPU sustains: one job a core; --jobs and --budget-min still decide
+    assert plan.choose_resources(4, [H200], "mini", (6,)).jobs == 4
+    mine = plan.choose_resources(16, [H200], "mini", (6,), jobs=3, budget_min=25)
+    assert (mine.jobs, mine.budget_s) == (3, 1500.0) and "(--jobs)" in mine.why[0]
+
+
+def test_several_gpus_share_the_cores_and_a_small_gpu_its_memory():
+    four = plan.choose_resources(64, [("NVIDIA A100-SXM4-80GB", 80.0)] * 4, "mini", (6, 18))
+    assert four.jobs == 64 and four.device == "4 x NVIDIA A100-SXM4-80GB"
+    assert plan.choose_resources(32, [H200] * 4, "mini", (6,)).jobs == 32  # the cores bind
+    assert plan.choose_resources(64, [("small", 4.0)] * 2, "mini", (6,)).jobs == 8  # 4 runs of 0.7 GiB a GPU
+    lean = plan.choose_resources(64, [], "mini", (6,), memory_gib=16.0)  # 1.6 GiB a mini cell
+    assert lean.jobs == 10 and "16 GiB of memory hold 10" in lean.why[0]
+    paper = plan.choose_resources(64, [H200] * 2, "paper", (6, 18))
+    assert paper.jobs == 8 and paper.budget_s == plan.NO_LIMIT_S  # 4 paper runs a GPU, no budget
+
+
+def test_the_first_cost_follows_max_update_and_jobs_are_capped_saying_so():
+    c = plan.choose_resources(2, [], "mini", (6, 18), max_update=5)
+    assert c.cost_s == {6: 20.8, 18: 29.0} and "max_update=5" in c.why[1]
+    # the smoke test of issue 42 (max_update=5 --budget-min 3) fits cells now; 155 s did not
+    assert plan.fits([c.cost_s[6]] * 10, c.jobs, 3 * 60 - driver.FIGURE_RESERVE_S) > 0
+    assert plan.fits([155.0] * 10, 2, 3 * 60 - driver.FIGURE_RESERVE_S) == 0
+    capped = plan.choose_resources(2, [], "mini", (6,), jobs=100000)
+    assert capped.jobs == 2 and capped.why[0].startswith("--jobs 100000 capped at 2 (2 CPU cores")
+    assert plan.choose_resources(16, [H200], "mini", (6,), jobs=100).jobs == 16
+    assert plan.smallest_budget_min({6: 155.0, 18: 350.0}, 60.0) == 3.6
+
+
+# --- refusals, each one line before anything is written ---------------------------------------------
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--jobs", "100000", "--budget-min", "0.1"], "--budget-min 0.1 cannot hold one cell"),
+    (["--budget-min", "0.1", "max_update=5"], "give --budget-min 1.4 or more"),
+    (["--launcher", "nope"], "--launcher nope: not a launcher; use one of process"),
+])
+def test_a_budget_that_holds_no_cell_or_an_unknown_launcher_is_refused(tmp_path, args, text):
+    root = tmp_path / "runs"
+    out = lnexp_main("atlas", "--runs-root", str(root), *args, cache=tmp_path / "cache", check=False)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and text in out.stderr, out.stderr
+    assert not root.exists()  # nothing written
+
+
+def test_a_damaged_state_file_is_refused_never_reset(tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    for text in ("{", "[]", '{"spent_s": "a lot"}'):
+        (root / driver.STATE_FILE).write_text(text)
+        out = lnexp_main("atlas", "--runs-root", str(root), cache=tmp_path / "cache", check=False)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert "atlas_state.json is damaged" in out.stderr and "delete it to grant" in out.stderr
+        assert (root / driver.STATE_FILE).read_text() == text and sorted(os.listdir(root)) == [
+            driver.STATE_FILE]
+    (root / driver.PLAN_FILE).write_text("{")  # the figure's reading of the plan is refused too
+    with pytest.raises(UserError, match="atlas_plan.json is damaged .* rerun lnexp atlas"):
+        driver.read_plan(root)
+
+
+def test_a_second_atlas_on_one_runs_root_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
+    root = tmp_path / "runs"
+    with driver.atlas_lock(root):  # this process runs an atlas there
+        out = lnexp_main("atlas", "--runs-root", str(root), "max_update=5", cache=tmp_path / "cache",
+                         check=False)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert f"is already used by lnexp atlas pid {os.getpid()}" in out.stderr
+        assert "wait for it to finish, or stop it" in out.stderr
+    assert not (root / driver.LOCK_FILE).exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    import socket
+
+    (root / driver.LOCK_FILE).write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname(),
+                                                     "started": 1.0, "since": time.time() - 60}))
+    with driver.atlas_lock(root):  # its holder is gone: taken over
+        assert json.loads((root / driver.LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+# --- the process launcher ---------------------------------------------------------------------------
+
+
+def test_the_process_launcher_stops_running_cells_and_starts_no_queued_one(tmp_path):
+    """Each cell a process that writes its CUDA_VISIBLE_DEVICES and sleeps; stop() (as the signal
+    handler calls it) ends the sleeping ones as interrupted and starts none of the queue."""
+    code = ("import os, sys, time; open(sys.argv[1], 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', '')); "
+            "time.sleep(float(sys.argv[2]))")
+    p = launchers.ProcessLauncher(gpus=("0", "1"), argv=[sys.executable, "-c", code])
+    cells = [[str(tmp_path / f"c{i}"), s] for i, s in enumerate(("0", "0", "60", "60", "0", "0"))]
+    ended: list[launchers.Ended] = []
+    timer = threading.Timer(2.0, p.stop)
+    timer.start()
+    t0 = time.monotonic()
+    p.run_round(cells, 2, ended.append)
+    assert time.monotonic() - t0 < 10
+    assert sorted((e.index, e.status) for e in ended) == [(0, 0), (1, 0), (2, 130), (3, 130)]
+    gpu = [(tmp_path / f"c{i}").read_text() for i in range(4)]
+    assert gpu[:2] == ["0", "1"] and sorted(gpu[2:]) == ["0", "1"]  # a GPU a job slot
+    assert not (tmp_path / "c4").exists()  # queued: never started
+    p.run_round(cells[4:], 2, ended.append)  # once stopped, a round starts nothing
+    assert len(ended) == 4
+
+
+# --- a real atlas, stopped and resumed ----------------------------------------------------------------
+
+
+def _wait(predicate, proc: subprocess.Popen, what: str, timeout: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while not predicate():
+        if proc.poll() is not None or time.monotonic() - t0 > timeout:
+            proc.kill()
+            out = proc.communicate()[0]
+            pytest.fail(f"{what}: not reached (exit {proc.returncode}):\n{out[-3000:]}")
+        time.sleep(0.2)
+
+
+def _status(run: Path, name: str = "status.json") -> dict:
+    try:
+        return json.loads((run / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_multi30k):
+    """Ctrl-C (SIGINT to lnexp atlas) while a cell trains: within 10 s, exit 130, one line, no
+    traceback, no further cell; the cell is `interrupted` with its checkpoint. The same command
+    resumes it from that checkpoint; once it ends it keeps no checkpoint and under 5 MB."""
+    root = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "lnexp", "atlas", "--runs-root", str(root), "--jobs", "1", "--budget-min",
+           "3", "max_update=5", "threads=1", "save_interval_updates=1", f"dataset.dir={small_multi30k}",
+           "dataset.vocab_size=600", "eval.subset=8"]
+    env = {**os.environ, "LNEXP_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": str(REPO)}
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+
+    def runs() -> list[Path]:
+        return sorted(p.parent.parent for p in root.glob("*/.hydra/config.yaml"))
+
+    proc = start()
+    _wait(lambda: any(_status(r).get("updates", 0) >= 2 for r in runs()), proc, "a cell training")
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    out = proc.communicate(timeout=30)[0]
+    assert time.monotonic() - t0 < 10 and proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    mine = [ln for ln in out.splitlines() if ln.startswith("lnexp atlas: interrupted")]
+    assert mine == ["lnexp atlas: interrupted: 0 cells finished in this session, 1 stopped and kept "
+                    "(status interrupted); the same command resumes"], out[-3000:]
+    (cell,) = runs()  # no further cell launched
+    assert _status(cell)["status"] == "interrupted"
+    assert (cell / "checkpoints" / "checkpoint_last.pt").is_file()
+
+    proc = start()  # the same command: the cell resumes; stopped once it has ended
+    ended = lambda: _status(root, driver.STATE_FILE).get("costs", {}).get("6")  # noqa: E731
+    _wait(ended, proc, "the cell resumed and ended")
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    assert "lnexp atlas: interrupted: 1 cell finished in this session" in out
+    assert "resuming from update" in (cell / "lnexp.log").read_text()
+    assert _status(cell)["status"] == "stopped"  # at max_update
+    assert not (cell / "checkpoints").exists() and _status(cell)["checkpoints_deleted"]
+    disk = sum(f.stat().st_size for f in cell.rglob("*") if f.is_file())
+    assert disk < 5e6, disk  # what outcomes.py and the figures read: status, run.json, metrics, norms.csv
+    state = json.loads((root / driver.STATE_FILE).read_text())
+    assert state["spent_s"] > 0 and state["costs"]["6"]  # the budget spent is kept across sessions
+    from omegaconf import OmegaConf
+
+    from lnexp import config
+    from lnexp.train.loop import train_run
+
+    ovr = [o for o in OmegaConf.load(cell / ".hydra" / "overrides.yaml") if not o.startswith("max_update=")]
+    with pytest.raises(UserError, match="has no checkpoint to extend .* delete that folder"):
+        train_run(config.compose([*ovr, "max_update=8"]), cell)  # a longer run needs the checkpoint
+
+
+def test_the_gpus_are_read_from_nvidia_smi_and_cuda_visible_devices():
+    listing = "0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n2, NVIDIA A100-SXM4-80GB, 81920\n"
+    h200, a100 = ("NVIDIA H200", 143771 / 1024), ("NVIDIA A100-SXM4-80GB", 80.0)
+    assert driver.gpus_of(listing, None) == [("0", *h200), ("1", *h200), ("2", *a100)]
+    assert driver.gpus_of(listing, "2,0") == [("0", *a100), ("1", *h200)]  # as the cells number them
+    assert driver.gpus_of(listing, "") == [] and driver.gpus_of(listing, "-1") == []
+    assert [g[0] for g in driver.gpus_of(listing, "GPU-aa,GPU-bb")] == ["0", "1"]
+    assert driver.gpus_of("No devices were found\n", None) == []
+    cores, gpus, why = driver.machine(["device=cpu"])
+    assert cores >= 1 and gpus == [] and why == "device=cpu given"
+
+
+def test_a_signal_ends_the_rounds_and_no_further_cell_starts(tmp_path):
+    """In process, with the zoo tests' fake launcher: SIGINT while the third cell runs; the round
+    and the atlas end there, the plan says interrupted, the budget spent is kept."""
+    from tests.test_atlas_zoo import FEW, GRID, fake_launcher
+
+    root, log = tmp_path / "runs", []
+    launcher = fake_launcher(root, {}, log)
+    inner = launcher.fn
+
+    def third_is_stopped(ovr: list[str]) -> float:
+        took = inner(ovr)
+        if len(log) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs here, in the main thread
+        return took
+
+    launcher.fn = third_is_stopped
+    before = signal.getsignal(signal.SIGINT)
+    out = driver.run_atlas(root, "mini", 1e9, 2, launcher, GRID, log=lambda s: None, kinds=FEW)
+    assert out["stopped"].startswith("interrupted") and len(log) == 3
+    assert signal.getsignal(signal.SIGINT) is before  # the driver's handler is put back
+    assert json.loads((root / driver.PLAN_FILE).read_text())["stopped"] == out["stopped"]
+    assert json.loads((root / driver.STATE_FILE).read_text())["costs"]["6"] == [100.0] * 3
