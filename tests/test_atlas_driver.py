@@ -208,6 +208,11 @@ def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_mul
     assert not (cell / "checkpoints").exists() and _status(cell)["checkpoints_deleted"]
     disk = sum(f.stat().st_size for f in cell.rglob("*") if f.is_file())
     assert disk < 5e6, disk  # what outcomes.py and the figures read: status, run.json, metrics, norms.csv
+    from lnexp.errors import UserError
+    from lnexp.evaluation.checkpoints import resolve
+
+    with pytest.raises(UserError, match="deleted when it ended .*checkpoint.at_end=keep"):
+        resolve(cell, "best")  # a trained cell, not an untrained one
     state = json.loads((root / driver.STATE_FILE).read_text())
     assert state["spent_s"] > 0 and state["costs"]["6"]  # the budget spent is kept across sessions
     from omegaconf import OmegaConf

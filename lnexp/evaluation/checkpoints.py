@@ -30,6 +30,17 @@ class Checkpoint:
     averaged: list[Path] = field(default_factory=list)  # avgN: the epoch checkpoints, newest first
 
 
+def _deleted_hint(run_dir: Path) -> str | None:
+    """A run that deleted its checkpoints as it ended (an atlas cell) is trained, not untrained."""
+    from lnexp.rundir import read_json, run_paths
+
+    status = read_json(run_paths(run_dir)["status"], {}) or {}
+    if not (isinstance(status, dict) and status.get("checkpoints_deleted")):
+        return None
+    return (": its checkpoints were deleted when it ended (checkpoint.at_end=delete, as atlas cells "
+            "do); train it again with checkpoint.at_end=keep to evaluate it")
+
+
 def resolve(run_dir: Path, spec: str) -> Checkpoint:
     """``spec`` -> the checkpoint files, or one line naming the fix."""
     ckpt_dir = run_dir / CHECKPOINTS
@@ -38,7 +49,7 @@ def resolve(run_dir: Path, spec: str) -> Checkpoint:
         if not path.is_file():
             other = "last" if spec == "best" else "best"
             hint = (f"; try --checkpoint {other}" if (ckpt_dir / checkpoint_name(other)).is_file()
-                    else ": train the run first (lnexp train ...)")
+                    else _deleted_hint(run_dir) or ": train the run first (lnexp train ...)")
             raise UserError(f"{run_dir} has no {path.name}{hint}")
         _check_whole(run_dir, spec, [path])
         return Checkpoint(spec, path)
