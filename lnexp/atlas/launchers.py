@@ -37,3 +37,34 @@ class Launcher(Protocol):
         """Safe to call from a signal handler: queued cells are never started, and running ones stop
         as ``lnexp train`` stops on SIGINT/SIGTERM (status ``interrupted``, work kept)."""
         ...
+
+
+# --- the launchers by name (``lnexp atlas --launcher NAME``) ---------------------------------------
+
+LAUNCHERS: dict[str, Callable[..., Launcher]] = {}  # name -> the class (or factory) that makes one
+# where each launcher is defined: imported by make() only, so that `lnexp atlas --help` stays light
+MODULES = {"worker": "lnexp.atlas.worker", "submitit_local": "lnexp.atlas.cluster",
+           "submitit_slurm": "lnexp.atlas.cluster"}
+
+
+def register(name: str) -> Callable[[Callable[..., Launcher]], Callable[..., Launcher]]:
+    """Class decorator: the launcher answers to ``name``."""
+
+    def add(factory: Callable[..., Launcher]) -> Callable[..., Launcher]:
+        LAUNCHERS[name] = factory
+        return factory
+
+    return add
+
+
+def make(name: str, **options: object) -> Launcher:
+    """The launcher called ``name``, made with ``options``; a one-line error naming the choices."""
+    import importlib
+
+    from lnexp.errors import UserError
+
+    if name in MODULES:
+        importlib.import_module(MODULES[name])
+    if name not in LAUNCHERS:
+        raise UserError(f"--launcher {name}: use one of {', '.join(sorted({*LAUNCHERS, *MODULES}))}")
+    return LAUNCHERS[name](**options)
