@@ -128,3 +128,56 @@ def test_a_dead_worker_is_reported_once_and_stop_interrupts_the_running_cell(tmp
         "interrupted"
     assert not (tmp_path / "queued").exists()
     assert len(lines) == 1
+
+
+def test_a_submitit_local_round_trains_and_the_atlas_reads_its_runs(tmp_path, corpus):
+    """A round of 2 atlas cells as one submitit array (local executor, real submitit): both train,
+    and the atlas's reader finds them as finished cells; a task that cannot start is reported once."""
+    from lnexp.atlas.driver import SeenRuns, coverage, overrides, schemes
+    from lnexp.atlas.grid import read_grid
+
+    grid = read_grid("mini")
+    root = tmp_path / "runs"
+    extra = [f"dataset.dir={corpus[0]}", "dataset.vocab_size=600", "depth.encoder_layers=2",
+             "depth.decoder_layers=2", "max_update=2", "eval.subset=5", f"runs_root={root}",
+             "hydra.launcher.timeout_min=10"]
+    jobs = [j for j in coverage(grid, schemes()) if j.arm.scheme.placement == "pre_ln"
+            and j.arm.scheme.norm == "layernorm"]
+    assert len(jobs) == 2  # with and without warm-up
+    cells = [[*overrides(j, grid, "mini"), *extra] for j in jobs]
+    lines: list[str] = []
+    ends: list[Ended] = []
+    launcher = make("submitit_local", log=lines.append)
+    os.environ["LNEXP_CACHE"] = str(corpus[1])  # the tasks inherit this process's environment
+    try:
+        launcher.run_round(cells, 2, ends.append)
+    finally:
+        os.environ.pop("LNEXP_CACHE")
+    assert sorted((e.index, e.status) for e in ends) == [(0, 0), (1, 0)]
+    assert len(lines) == 1 and "submitted as submitit_local job" in lines[0]
+    seen = SeenRuns(root, grid, "mini")()
+    assert len(seen) == 2
+    assert all(set(c.outcomes().values()) <= {"trained", "plateau"} and c.outcomes()
+               for c in seen.values())
+    assert {a.warmup for a, _ in seen} == set(grid.warmups)
+
+    lines.clear()
+    ends.clear()  # a task whose process never runs the cell (its setup fails): one line, failed
+    launcher.run_round([[*cells[0], "hydra.launcher.setup=[exit 3]"]], 1, ends.append)
+    assert [(e.index, e.status) for e in ends] == [(0, 1)]
+    assert len(lines) == 2 and "(cell 0) failed" in lines[1] and ".err" in lines[1]
+
+
+def test_the_arrays_settings_are_checked_before_any_round():
+    from lnexp.atlas.cluster import launcher_settings
+    from lnexp.errors import UserError
+
+    with pytest.raises(UserError, match="partion.*submitit_slurm's keys: .*partition"):
+        make("submitit_slurm", overrides=["runs_root=r", "hydra.launcher.partion=gpu"])
+    folder, params = launcher_settings("slurm", ["runs_root=r", "hydra/launcher=submitit_slurm",
+                                                 "hydra.launcher.partition=gpu",
+                                                 "hydra.launcher.gpus_per_node=1"])
+    assert folder == "r/.submitit/%j"
+    assert params["slurm_partition"] == "gpu" and params["gpus_per_node"] == 1
+    with pytest.raises(UserError, match="--launcher nowhere: use one of .*submitit_slurm.*worker"):
+        make("nowhere")
