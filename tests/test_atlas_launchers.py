@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -181,3 +182,6 @@ def test_the_arrays_settings_are_checked_before_any_round():
     assert params["slurm_partition"] == "gpu" and params["gpus_per_node"] == 1
     with pytest.raises(UserError, match="--launcher nowhere: use one of .*submitit_slurm.*worker"):
         make("nowhere")
+    if shutil.which("srun") is None:  # no SLURM here: one line, no traceback, nothing submitted
+        with pytest.raises(UserError, match="--launcher submitit_slurm: .*srun.*login node"):
+            make("submitit_slurm").run_round([["runs_root=r"]], 1, print)

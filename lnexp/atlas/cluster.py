@@ -97,13 +97,25 @@ class SubmititLauncher:
         self.last_submit_s: float | None = None  # seconds the last round's submission took
 
     def run_round(self, cells: list[list[str]], jobs: int, ended: Callable[[Ended], None]) -> None:
+        # SLURM: one array, --jobs its parallelism. submitit's local executor starts every task of an
+        # array at once, so there a round is arrays of --jobs tasks, one after the other.
+        step = len(cells) if self.cluster == "slurm" else max(jobs, 1)
+        for first in range(0, len(cells), max(step, 1)):
+            if self.stopping:
+                return
+            self._array(cells[first:first + step], first, jobs, ended)
+
+    def _array(self, cells: list[list[str]], first: int, jobs: int, ended: Callable[[Ended], None]) -> None:
+        """One job array of ``cells`` (the round's from index ``first``), polled until it ends."""
         import submitit
 
-        if not cells or self.stopping:
-            return
         folder, params = launcher_settings(self.cluster, self.overrides or cells[0])
-        init = {k: params.pop(k) for k in list(params) if k.endswith("max_num_timeout")}
-        executor = submitit.AutoExecutor(folder=folder, cluster=self.cluster, **init)
+        init = {k: params.pop(k) for k in list(params) if k.endswith("max_num_timeout")}  # a ctor arg
+        try:
+            executor = submitit.AutoExecutor(folder=folder, cluster=self.cluster, **init)
+        except RuntimeError as e:  # submitit_slurm where there is no SLURM ("Could not detect srun")
+            raise UserError(f"--launcher {self.name}: {e}: run lnexp atlas on the cluster's login node, "
+                            "or use --launcher worker here") from None
         if self.cluster == "slurm":
             params["slurm_array_parallelism"] = jobs  # the atlas's --jobs: tasks at once
         executor.update_parameters(**params)
@@ -112,10 +124,10 @@ class SubmititLauncher:
             tasks = [executor.submit(TrainCell([o for o in c if not is_launcher_override(o)]))
                      for c in cells]
         self.last_submit_s = time.monotonic() - t0
-        array = tasks[0].job_id.split("_")[0] if tasks else "?"
-        self.log(f"lnexp atlas: {len(tasks)} cells submitted as {self.name} job {array} "
-                 f"({self.last_submit_s:.1f} s; logs in {Path(folder).parent})")
-        pending = dict(enumerate(tasks))
+        self.log(f"lnexp atlas: {len(tasks)} cells submitted as {self.name} job "
+                 f"{tasks[0].job_id.split('_')[0]} ({self.last_submit_s:.1f} s; logs in "
+                 f"{Path(folder).parent})")
+        pending = {first + k: task for k, task in enumerate(tasks)}
         cancelled_at: float | None = None
         next_look = 0.0
         while pending:

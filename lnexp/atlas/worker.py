@@ -112,9 +112,7 @@ class ProcessState:
 
 
 def logging_state() -> dict[str, tuple]:
-    """Each logger's handlers, level and switches. Taken before the worker's imports: fairseq's
-    import configures the root logger (DEBUG, its own format) where lnexp train, which imports
-    fairseq after setting up its own log lines, would not let it."""
+    """Each logger's handlers, level and switches."""
     return {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled) for name, lg in _loggers()}
 
 
@@ -148,9 +146,12 @@ def train_cell(cell: list[str], fresh: ProcessState) -> int:
 
 def serve(cells: IO[str], results: IO[str]) -> int:
     """Train each cell read from ``cells`` and write its end to ``results``, until end of input."""
-    loggers = logging_state()
+    root = logging_state()[""]
     _preload()
-    fresh = ProcessState(loggers)
+    # the loggers as lnexp's modules set them on import (fairseq's at WARNING), but the root as it
+    # was before: an import (fairseq's) may configure it, where lnexp train, which sets up its own
+    # log lines before importing fairseq, would not let it
+    fresh = ProcessState({**logging_state(), "": root})
     while True:
         try:
             line = cells.readline()
@@ -170,15 +171,13 @@ def serve(cells: IO[str], results: IO[str]) -> int:
 
 
 def _preload() -> None:
-    """The imports every cell needs, once (the point of a worker)."""
-    import fairseq.trainer  # noqa: F401
-    import hydra  # noqa: F401
-    import torch  # noqa: F401
+    """The imports every cell needs, once (the point of a worker); lnexp's first, as in lnexp train
+    (lnexp.fairseq_adapter quiets fairseq's logger before fairseq is imported)."""
+    import importlib
 
-    import lnexp.cli  # noqa: F401
-    import lnexp.model  # noqa: F401  (registers the architectures)
-    import lnexp.train.loop  # noqa: F401
-    import lnexp.train.run  # noqa: F401
+    for name in ("lnexp.cli", "lnexp.fairseq_adapter", "torch", "hydra", "fairseq.trainer",
+                 "lnexp.model", "lnexp.train.run", "lnexp.train.loop"):  # (lnexp.model registers the
+        importlib.import_module(name)                                    # architectures)
 
 
 def main(argv: list[str] | None = None) -> int:
