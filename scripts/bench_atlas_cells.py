@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(overhead[name]):>19.1f} "
               f"{statistics.median(ratios):>10.2f} ({', '.join(f'{x:.2f}' for x in ratios)})")
     print(f"(cells/hour of {args.max_update}-update cells, {args.jobs} at a time; s/cell not training: "
-          "median over cells of its launch-to-end seconds minus its run's own wall_s (start-up, "
-          f"submission, exit); paired ratio: the {base} round's seconds / this launcher's, per round; "
-          f"load {out['load_1min']:.1f})")
+          "its launch-to-end seconds minus its run's own wall_s, mean per round, median over rounds "
+          f"(start-up, submission, exit); paired ratio: the {base} round's seconds / this launcher's, "
+          f"per round; load {out['load_1min']:.1f})")
     if failed:
         print("failed: " + "; ".join(failed), file=sys.stderr)
     if args.json:

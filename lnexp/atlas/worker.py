@@ -21,6 +21,7 @@ terminal reaches the atlas alone, which stops each running cell with one SIGINT 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -223,6 +224,7 @@ class WorkerLauncher:
         self.workers: list[_Worker] = []
         self.events: queue.Queue[tuple[_Worker, dict[str, Any] | None]] = queue.Queue()
         self.stopping = False
+        atexit.register(self.close)  # (without it too, a worker ends at the end of its input)
 
     # the protocol
 
