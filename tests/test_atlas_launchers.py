@@ -182,6 +182,11 @@ def test_the_arrays_settings_are_checked_before_any_round():
     assert params["slurm_partition"] == "gpu" and params["gpus_per_node"] == 1
     with pytest.raises(UserError, match="--launcher nowhere: use one of .*submitit_slurm.*worker"):
         make("nowhere")
+    from lnexp.atlas.launchers import named_in
+
+    assert named_in(["max_update=20", "hydra/launcher=submitit_slurm"]) == "submitit_slurm"
+    assert named_in(["hydra/launcher=submitit_local"]) == "submitit_local"
+    assert named_in(["hydra/launcher=joblib"]) is None and named_in([]) is None
     if shutil.which("srun") is None:  # no SLURM here: one line, no traceback, nothing submitted
         with pytest.raises(UserError, match="--launcher submitit_slurm: .*srun.*login node"):
             make("submitit_slurm").run_round([["runs_root=r"]], 1, print)

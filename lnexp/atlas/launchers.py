@@ -68,3 +68,15 @@ def make(name: str, **options: object) -> Launcher:
     if name not in LAUNCHERS:
         raise UserError(f"--launcher {name}: use one of {', '.join(sorted({*LAUNCHERS, *MODULES}))}")
     return LAUNCHERS[name](**options)
+
+
+def named_in(overrides: list[str]) -> str | None:
+    """The launcher that ``hydra/launcher=submitit_slurm`` (or ``submitit_local``) among the atlas's
+    overrides asks for, as Hydra's own multirun would read it; None if they name none. (So that
+    ``lnexp atlas hydra/launcher=submitit_slurm hydra.launcher.partition=gpu`` means
+    ``--launcher submitit_slurm``: issue 43 names both spellings.)"""
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "hydra/launcher" and value.startswith("submitit_") and value in MODULES:
+            return value
+    return None
