@@ -107,6 +107,8 @@ class ProcessState:
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
         GlobalHydra.instance().clear()
         fa.fresh_process_state()
+        if "torch._dynamo" in sys.modules:  # compile=true's compiled layers: the last cell's model's
+            torch._dynamo.reset()
         gc.collect()  # the last cell's model, optimizer and data, before the next one's
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()  # its memory back to the device (other workers share it)
