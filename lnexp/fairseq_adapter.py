@@ -148,6 +148,18 @@ def build_trainer(cfg):
     return task, model, criterion, trainer
 
 
+def fresh_process_state() -> None:
+    """fairseq's process-wide state as a new process has it: its metrics aggregators (which a
+    Trainer's checkpoint carries) and fairseq-train's best-loss memo. lnexp.atlas.worker trains
+    cells one after another in one process, each as if in its own."""
+    from fairseq import checkpoint_utils
+    from fairseq.logging import metrics
+
+    metrics.reset()
+    if hasattr(checkpoint_utils.save_checkpoint, "best"):
+        del checkpoint_utils.save_checkpoint.best
+
+
 def epoch_iterator(cfg, trainer, restore_file: Path | None, task=None):
     """Where training starts: the last checkpoint if any (weights_only kept on), else, given the
     task, the model as its scheme initialises it from data (Admin's profiling pass, before the

@@ -67,6 +67,9 @@ NORM_PLACEMENTS_DEFAULT = ("pre_ln",)
 # and the scaling to max_update: lnexp.atlas.plan.first_cost); measured cells replace them (the
 # slowest, +10%)
 DEFAULT_COST_S = CPU_COST_S
+# How cells are trained unless --launcher (or hydra/launcher=submitit_*) says: one process a cell
+# (lnexp.atlas.launchers; `worker` trains them in long-lived processes, docs/performance.md)
+DEFAULT_LAUNCHER = "process"
 FIGURE_RESERVE_S = 60.0  # kept back for lnexp figure atlas at the end
 STATE_FILE = "atlas_state.json"  # in runs_root: time spent so far (a resumed atlas spends the rest)
 PLAN_FILE = "atlas_plan.json"  # in runs_root: cells launched, and the ones the budget left out
@@ -621,8 +624,10 @@ def main(argv: list[str]) -> int:
         help="the lr every arm is tried at first (default: the grid's second lr)",
     )
     ap.add_argument(
-        "--launcher", default="process",
-        help="how cells are trained: " + "; ".join(f"{n}: {h}" for n, h in known.items()),
+        "--launcher", default=None,
+        help=f"how cells are trained (default {DEFAULT_LAUNCHER}, or submitit_* where "
+        "hydra/launcher=submitit_* is among the overrides): "
+        + "; ".join(f"{n}: {h}" for n, h in known.items()),
     )
     ap.add_argument(
         "--full", action="store_true", help="print the full grid's lnexp train -m commands and exit"
@@ -642,8 +647,16 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--jobs {args.jobs}: give 1 or more")
     if not args.runs_root.strip():
         raise UserError("--runs-root is empty: give the folder that holds the runs, e.g. --runs-root runs")
+    args.launcher = args.launcher or launchers.named_in(args.overrides) or DEFAULT_LAUNCHER
     if args.launcher not in known:
         raise UserError(f"--launcher {args.launcher}: not a launcher; use one of {', '.join(known)}")
+    # hydra/launcher=... and hydra.launcher.* set a cluster's job arrays, not the cells' training
+    launch_over = [o for o in args.overrides if o.lstrip("+~").startswith(("hydra/launcher=",
+                                                                            "hydra.launcher."))]
+    args.overrides = [o for o in args.overrides if o not in launch_over]
+    if launch_over and not args.launcher.startswith("submitit_"):
+        raise UserError(f"{launch_over[0]}: a cluster's setting; give it with --launcher submitit_slurm "
+                        "(or hydra/launcher=submitit_slurm), or drop it")
     args.runs_root = Path(args.runs_root)
     grid = read_grid(args.scale, args.shared_lr)
     if args.full:
@@ -671,7 +684,7 @@ def main(argv: list[str]) -> int:
     print(f"lnexp atlas: {cores} cores, {choice.device} ({found}): " + "; ".join(choice.why)
           + f"; at most {cap} seeds a cell", flush=True)
     launcher = launchers.make(args.launcher, LaunchSetup(args.runs_root, args.scale,
-                                                          tuple(i for i, _, _ in gpus)))
+                                                          tuple(i for i, _, _ in gpus), tuple(launch_over)))
     with atlas_lock(args.runs_root):
         plan = run_atlas(args.runs_root, args.scale, choice.budget_s, choice.jobs, launcher, grid,
                          extra=extra, cost_s=choice.cost_s, max_seeds=cap,

@@ -59,14 +59,15 @@ class LaunchSetup:
     runs_root: Path
     scale: str
     gpus: tuple[str, ...] = ()  # the GPUs the cells may use (their CUDA_VISIBLE_DEVICES ids)
+    overrides: tuple[str, ...] = ()  # the user's overrides for every cell (a cluster's hydra.launcher.*)
     extra: dict[str, str] = field(default_factory=dict)  # reserved for a launcher's own options
 
 
-Factory = Callable[[LaunchSetup], Launcher]
+Factory = Callable[..., Launcher]  # (setup: LaunchSetup | None, **options) -> Launcher
 LAUNCHERS: dict[str, tuple[str, Factory]] = {}  # name -> (help line, factory)
 # Modules that register a launcher when imported (a launcher with its own dependencies lives in
 # one, so that lnexp atlas imports it only when asked for)
-MODULES: tuple[str, ...] = ()
+MODULES: tuple[str, ...] = ("lnexp.atlas.worker", "lnexp.atlas.cluster")
 
 
 def register(name: str, help_line: str, factory: Factory) -> None:
@@ -83,13 +84,15 @@ def names() -> dict[str, str]:
     return {n: h for n, (h, _) in LAUNCHERS.items()}
 
 
-def make(name: str, setup: LaunchSetup) -> Launcher:
+def make(name: str, setup: LaunchSetup | None = None, **options: object) -> Launcher:
+    """The launcher called ``name``, made from ``setup`` (None: defaults) and its own ``options``;
+    a one-line error naming the choices."""
     from lnexp.errors import UserError
 
     known = names()
     if name not in known:
         raise UserError(f"--launcher {name}: not a launcher; use one of {', '.join(known)}")
-    return LAUNCHERS[name][1](setup)
+    return LAUNCHERS[name][1](setup, **options)
 
 
 class ProcessLauncher:
@@ -160,5 +163,18 @@ class ProcessLauncher:
             pass
 
 
-register("process", "one `python -m lnexp train` process per cell (the default)",
-         lambda setup: ProcessLauncher(setup.gpus))
+register("process", "one `python -m lnexp train` process per cell",
+         lambda setup, **options: ProcessLauncher(setup.gpus if setup else (), **options))
+
+
+def named_in(overrides: list[str]) -> str | None:
+    """The launcher that ``hydra/launcher=submitit_slurm`` (or ``submitit_local``) among the atlas's
+    overrides asks for, as Hydra's own multirun would read it; None if they name none. (So that
+    ``lnexp atlas hydra/launcher=submitit_slurm hydra.launcher.partition=gpu`` means
+    ``--launcher submitit_slurm``: issue 43 names both spellings.)"""
+    for o in overrides:
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "hydra/launcher" and value.startswith("submitit_") and value in names():
+            return value
+    return None
+
