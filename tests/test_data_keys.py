@@ -156,3 +156,20 @@ def test_an_old_layout_folder_rebuilt_from_other_text_is_refused_or_the_runs_own
     assert not (gone / "eval").exists()  # nothing scored
     there, cache = old_layout(run, theirs, tmp_path / "there", raw)
     assert decoded(there, cache) == evaluated(before)
+
+
+def test_results_leave_out_a_record_that_scored_another_test_set(trained, tmp_path):
+    """A record an older lnexp wrote after scoring a foreign test set (100 sentences where the run
+    has 10, no data key) is not the run's test BLEU; nor is a record of another data key."""
+    from lnexp.results import load_run
+
+    _, run, _, _, _, _ = trained
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    own = load_run(copy).test
+    assert own is not None and own["n"] == SIZES["test_2016_flickr"]
+    for name, extra in (("foreign", {"n": 100}), ("other_key", {"data_key": "0" * 16})):
+        stale = {**own, **extra, "bleu": 6.84, "time": "2099-01-01T00:00:00"}
+        (copy / "eval" / f"test.{name}").mkdir()
+        (copy / "eval" / f"test.{name}" / "record.json").write_text(json.dumps(stale))
+    assert load_run(copy).test["bleu"] == own["bleu"]

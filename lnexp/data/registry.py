@@ -157,6 +157,8 @@ def for_run(recorded: dict[str, Any], dataset: dict[str, Any],
     root = cache_root()
     want = PreparedData.of(recorded)
     ds = OmegaConf.create(dataset)
+    if not ds.get("corpus"):  # a run of an lnexp from before dataset configs named their corpus
+        ds.corpus = next((c for c in corpora() if want.name.startswith(c)), want.name)
     corpus = get(str(ds.corpus))
     rebuildable = corpus.prepare_dataset is not None and corpus.dataset_key is not None
     raw = ds.get("dir") or "the shipped copy"
