@@ -105,6 +105,37 @@ def test_training_finds_the_preparation_of_its_vocabulary(tmp_path, capsys, monk
     assert more.counts["train"] == 57 and "2 preparations of iwslt14_de_en match" in caplog.text
 
 
+def test_a_runs_iwslt14_data_found_by_key_else_one_line_naming_the_command(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A run's recorded data (run.json `data`) is found by its key in today's cache when its own
+    folder moved; where no cache holds it, one line names the `lnexp prepare` that makes it."""
+    import shutil
+    from dataclasses import asdict
+
+    import pytest
+
+    from lnexp.data import registry
+    from lnexp.errors import DataError
+
+    files, _ = release_files()
+    archive = write_tgz(tmp_path / "de-en.tgz", files)
+    data = iwslt14.prepare(archive, vocab_size=VOCAB, root=tmp_path / "cache")
+    recorded = asdict(data)
+    dataset = {"corpus": "iwslt14", "src": "de", "tgt": "en", "subword": "sentencepiece",
+               "vocab_size": 10000}
+    shutil.move(tmp_path / "cache", tmp_path / "moved")
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "moved"))
+    found = registry.for_run(recorded, dataset, lambda d: "not called for a keyed run", "runs/x")
+    assert found.key == data.key and found.bin_dir == str(tmp_path / "moved" / data.folder.name / "bin")
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(DataError) as e:
+        registry.for_run(recorded, dataset, lambda d: None, "runs/x")
+    assert str(e.value) == (
+        f"runs/x trained on iwslt14_de_en (key {data.key}), which is not in {tmp_path / 'empty'}: "
+        f"run `lnexp prepare iwslt14 --archive {archive} --subword sentencepiece --vocab-size "
+        f"{VOCAB}` (the same files), or set LNEXP_CACHE to the cache it trained with")
+
+
 def test_env_cache_is_the_default(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "envcache"))
     files, _ = release_files()
