@@ -167,7 +167,8 @@ def load_run(run_dir: Path, root: Path | None = None) -> Run:
         status = {"status": "damaged"}
     return Run(run_dir, name, config, status if isinstance(status, dict) else {},
                read_metrics(paths["metrics"]), [str(o) for o in overrides],
-               meta.get("params"), latest_evaluation(run_dir, "test"), meta.get("unigram_entropy_bits"))
+               meta.get("params"), latest_evaluation(run_dir, "test", meta.get("data")),
+               meta.get("unigram_entropy_bits"))
 
 
 def find_run_dirs(root: Path) -> list[Path]:
@@ -504,7 +505,15 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: str(r.get("time", "")))
 
 
-def latest_evaluation(run_dir: Path, set_name: str = "test") -> dict[str, Any] | None:
-    """The most recent evaluation of ``set_name`` (``test``: the dataset's test split)."""
+def latest_evaluation(run_dir: Path, set_name: str = "test",
+                      data: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The most recent evaluation of ``set_name`` (``test``: the dataset's test split). Given the
+    run's ``data`` (run.json), a split's record that scored other data than the run trained on
+    is left out: another key, or (records of an older lnexp, without one) another sentence count,
+    as when a rebuilt cache folder held a foreign test set."""
     found = [r for r in read_records(run_dir) if r.get("set") == set_name]
+    if data and set_name in ("test", "valid"):
+        key, n = data.get("key"), (data.get("counts") or {}).get(set_name)
+        found = [r for r in found if r.get("src") or (
+            (not (key and r.get("data_key")) or r["data_key"] == key) and n in (None, r.get("n")))]
     return found[-1] if found else None

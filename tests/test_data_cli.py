@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,8 @@ def test_iwslt14_twice_second_does_nothing(tmp_path, capsys):
     rc, out, err = prepare(capsys, *args)
     assert rc == 0, err
     assert "iwslt14_de_en: train 56 / valid 2 / test 9 sentence pairs" in out
-    assert "rebuilt: text, subword, bin" in out and str(cache / "iwslt14_de_en" / "bin") in out
+    assert "rebuilt: text, subword, bin" in out
+    assert re.search(f"binarised data: {cache}/iwslt14_de_en-[0-9a-f]{{16}}/bin\n", out), out
     assert "building" in err  # progress goes to stderr
     rc, out, err = prepare(capsys, *args)
     assert rc == 0
@@ -47,7 +49,91 @@ def test_iwslt14_twice_second_does_nothing(tmp_path, capsys):
     assert "up to date, nothing to do" in out and "rebuilt" not in out
     assert err.count("up to date") == 3 and "building" not in err
     rc, out, _ = prepare(capsys, *args[:-4], "--vocab-size", str(VOCAB - 20), "--cache", str(cache))
-    assert rc == 0 and "rebuilt: subword, bin" in out
+    assert rc == 0 and "rebuilt: subword, bin" in out  # the text stage: linked from the first
+    assert len(list(cache.glob("iwslt14_de_en-*/prepared.json"))) == 2
+
+
+def test_training_finds_the_preparation_of_its_vocabulary(tmp_path, capsys, monkeypatch, caplog):
+    """dataset=iwslt14_de_en: the preparation of the config's subword and vocabulary, among
+    several; none: one line naming the overrides and the command; an older lnexp's unkeyed folder
+    is taken in where its stages check out; several of one vocabulary: the largest, said so."""
+    import json
+    import logging
+    import shutil
+
+    import pytest
+
+    from lnexp.config import compose
+    from lnexp.data import registry
+    from lnexp.errors import DataError
+
+    files, _ = release_files()
+    archive = write_tgz(tmp_path / "de-en.tgz", files)
+    cache = tmp_path / "cache"
+    for vocab in (VOCAB, VOCAB - 20):
+        assert prepare(capsys, "iwslt14", "--archive", str(archive), "--vocab-size", str(vocab),
+                       "--cache", str(cache))[0] == 0
+    monkeypatch.setenv("LNEXP_CACHE", str(cache))
+
+    def dataset(*over: str):
+        return compose(["dataset=iwslt14_de_en", *over], check=False).dataset
+
+    data = registry.load_for_training(dataset(f"dataset.vocab_size={VOCAB - 20}"))
+    assert data.vocab_size == VOCAB - 20 and data.folder.name == f"iwslt14_de_en-{data.key}"
+    assert registry.load_for_training(dataset(f"dataset.vocab_size={VOCAB}")).vocab_size == VOCAB
+    with pytest.raises(DataError, match=r"not sentencepiece 10000: train with dataset.subword="
+                       r"sentencepiece dataset.vocab_size=\d+, or run `lnexp prepare iwslt14 "
+                       r"--archive PATH/de-en.tgz --subword sentencepiece --vocab-size 10000`"):
+        registry.load_for_training(dataset())
+    # an older lnexp's folder (no key): checked, then linked as the keyed folder of its key
+    old = tmp_path / "old"
+    shutil.copytree(data.folder, old / "iwslt14_de_en")
+    meta = json.loads((data.folder / "prepared.json").read_text())
+    legacy = {k: v for k, v in meta.items() if k not in ("key", "vocab_size", "command")}
+    (old / "iwslt14_de_en" / "prepared.json").write_text(json.dumps(legacy))
+    monkeypatch.setenv("LNEXP_CACHE", str(old))
+    adopted = registry.load_for_training(dataset(f"dataset.vocab_size={VOCAB - 20}"))
+    assert adopted.key == data.key and adopted.folder == old / f"iwslt14_de_en-{data.key}"
+    # other corpus files of the same vocabulary: two match, the one with more training pairs wins
+    monkeypatch.setenv("LNEXP_CACHE", str(cache))
+    files, _ = release_files({"de": ["Noch ein Satz ."], "en": ["One more sentence ."]})
+    write_tgz(archive, files)
+    assert prepare(capsys, "iwslt14", "--archive", str(archive), "--vocab-size", str(VOCAB),
+                   "--cache", str(cache))[0] == 0
+    with caplog.at_level(logging.WARNING, logger="lnexp.data"):
+        more = registry.load_for_training(dataset(f"dataset.vocab_size={VOCAB}"))
+    assert more.counts["train"] == 57 and "2 preparations of iwslt14_de_en match" in caplog.text
+
+
+def test_a_runs_iwslt14_data_found_by_key_else_one_line_naming_the_command(tmp_path, capsys,
+                                                                          monkeypatch):
+    """A run's recorded data (run.json `data`) is found by its key in today's cache when its own
+    folder moved; where no cache holds it, one line names the `lnexp prepare` that makes it."""
+    import shutil
+    from dataclasses import asdict
+
+    import pytest
+
+    from lnexp.data import registry
+    from lnexp.errors import DataError
+
+    files, _ = release_files()
+    archive = write_tgz(tmp_path / "de-en.tgz", files)
+    data = iwslt14.prepare(archive, vocab_size=VOCAB, root=tmp_path / "cache")
+    recorded = asdict(data)
+    dataset = {"corpus": "iwslt14", "src": "de", "tgt": "en", "subword": "sentencepiece",
+               "vocab_size": 10000}
+    shutil.move(tmp_path / "cache", tmp_path / "moved")
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "moved"))
+    found = registry.for_run(recorded, dataset, lambda d: "not called for a keyed run", "runs/x")
+    assert found.key == data.key and found.bin_dir == str(tmp_path / "moved" / data.folder.name / "bin")
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(DataError) as e:
+        registry.for_run(recorded, dataset, lambda d: None, "runs/x")
+    assert str(e.value) == (
+        f"runs/x trained on iwslt14_de_en (key {data.key}), which is not in {tmp_path / 'empty'}: "
+        f"run `lnexp prepare iwslt14 --archive {archive} --subword sentencepiece --vocab-size "
+        f"{VOCAB}` (the same files), or set LNEXP_CACHE to the cache it trained with")
 
 
 def test_env_cache_is_the_default(tmp_path, capsys, monkeypatch):
@@ -56,7 +142,7 @@ def test_env_cache_is_the_default(tmp_path, capsys, monkeypatch):
     folder = write_dir(tmp_path / "de-en", files)
     rc, out, err = prepare(capsys, "iwslt14", "--archive", str(folder), "--vocab-size", str(VOCAB))
     assert rc == 0, err
-    assert (tmp_path / "envcache" / "iwslt14_de_en" / "prepared.json").is_file()
+    assert len(list((tmp_path / "envcache").glob("iwslt14_de_en-*/prepared.json"))) == 1
 
 
 def _one_line_error(capsys, cache: Path, *args: str, match: str) -> None:

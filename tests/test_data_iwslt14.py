@@ -193,22 +193,30 @@ def test_second_run_does_nothing_and_folder_layouts_agree(prepared, tmp_path):
 
 
 def test_changes_rebuild_only_what_depends_on_them(tmp_path):
+    """Another vocabulary or other corpus files: another key, another folder, the first one left
+    as it was; a stage built the same way already (same inputs and settings) is linked from it."""
     files, _ = release_files()
     archive = write_tgz(tmp_path / "de-en.tgz", files)
     root = tmp_path / "cache"
     data = iwslt14.prepare(archive, vocab_size=VOCAB, root=root)
-    corpus = Path(data.bin_dir).parent
-    first = stamps(corpus)
-    iwslt14.prepare(archive, vocab_size=VOCAB - 10, root=root)  # a setting of the subword stage
-    second = stamps(corpus)
-    assert second["text"] == first["text"]
+    first = stamps(data.folder)
+    other = iwslt14.prepare(archive, vocab_size=VOCAB - 10, root=root)  # a setting of the subword stage
+    assert other.key != data.key and other.folder != data.folder
+    assert other.folder.name == f"iwslt14_de_en-{other.key}" and other.vocab_size == VOCAB - 10
+    assert stamps(data.folder) == first
+    second = stamps(other.folder)
+    assert second["text"] == first["text"]  # linked, not rebuilt
+    assert ((other.folder / "text" / "train.de").stat().st_ino
+            == (data.folder / "text" / "train.de").stat().st_ino)
     assert second["subword"] != first["subword"] and second["bin"] != first["bin"]
     files["README"] = "changed, but the text it gives is the same\n"
     write_tgz(archive, files)
-    iwslt14.prepare(archive, vocab_size=VOCAB - 10, root=root)
-    third = stamps(corpus)
-    assert third["text"] != second["text"]  # its input changed ...
-    assert third["subword"] == second["subword"] and third["bin"] == second["bin"]  # ... not its output
+    third = iwslt14.prepare(archive, vocab_size=VOCAB - 10, root=root)
+    assert third.key not in (data.key, other.key)
+    assert stamps(third.folder)["text"] != second["text"]  # its input changed ...
+    assert {s: stamps(third.folder)[s] for s in ("subword", "bin")} == {  # ... not its output
+        s: second[s] for s in ("subword", "bin")}
+    assert stamps(other.folder) == second
 
 
 def test_subword_nmt_merges(tmp_path):
@@ -227,7 +235,7 @@ def test_vocab_too_large_says_what_to_do(tmp_path):
     archive = write_tgz(tmp_path / "de-en.tgz", files)
     with pytest.raises(DataError, match=r"at most \d+\): pass a smaller --vocab-size"):
         iwslt14.prepare(archive, vocab_size=10000, root=tmp_path / "cache")
-    assert not (tmp_path / "cache" / "iwslt14_de_en" / "subword").exists()
+    assert not list((tmp_path / "cache").glob("*/subword"))
 
 
 def _bad(tmp_path: Path, **edit) -> tuple[Path, dict[str, str | bytes]]:

@@ -46,11 +46,12 @@ def test_second_prepare_rebuilds_nothing(prepared, capsys):
 
 
 def test_vocab_change_rebuilds_subword_and_bin_only(prepared):
+    """Another vocabulary: its own folder (the first left as it was), the text stage linked."""
     root, data = prepared
-    corpus = Path(data.bin_dir).parent
-    before = stamps(corpus)
+    before = stamps(data.folder)
     again = multi30k.prepare(vocab_size=4000, root=root)
-    after = stamps(corpus)
+    assert again.folder != data.folder and stamps(data.folder) == before
+    after = stamps(again.folder)
     assert after["text"] == before["text"]
     assert after["subword"] != before["subword"] and after["bin"] != before["bin"]
     assert again.counts == data.counts

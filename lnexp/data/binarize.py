@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from lnexp.data.cache import cached_stage
-from lnexp.data.text import SPLITS
+from lnexp.data.text import split_files
 
 
-def binarize_stage(name: str, out: Path, sub_dir: Path, src: str, tgt: str) -> Path:
+def binarize_stage(name: str, out: Path, sub_dir: Path, src: str, tgt: str,
+                   reuse: Iterable[Path] = ()) -> Path:
     from lnexp import fairseq_adapter
 
-    inputs = [sub_dir / f"{s}.{lang}" for s in SPLITS for lang in (src, tgt)]
+    inputs = split_files(sub_dir, src, tgt)
 
     def build(tmp: Path) -> None:
         fairseq_adapter.binarize(sub_dir / "train", sub_dir / "valid", sub_dir / "test",
                                  src, tgt, tmp, workers=binarize_workers(inputs))
 
-    out, _ = cached_stage(f"{name}/bin", out, inputs, {"src": src, "tgt": tgt}, build)
+    out, _ = cached_stage(f"{name}/bin", out, inputs, settings(src, tgt), build, reuse=reuse)
     return out
+
+
+def settings(src: str, tgt: str) -> dict:
+    """The binary stage's settings, as its stage.json records them."""
+    return {"src": src, "tgt": tgt}
 
 
 SMALL_CORPUS_BYTES = 16 * 2**20  # subword text below this (Multi30k: ~4 MB) is binarised by one process

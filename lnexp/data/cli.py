@@ -16,12 +16,10 @@ from pathlib import Path
 from lnexp import logs
 from lnexp.data import registry
 from lnexp.data.cache import cache_root
-from lnexp.data.corpus import Corpus
+from lnexp.data.corpus import STAGES, Corpus
 from lnexp.data.subword import SUBWORDS
 from lnexp.data.text import SPLITS
 from lnexp.errors import ArgumentParser, at_least
-
-STAGES = ("text", "subword", "bin")
 
 
 def parser() -> ArgumentParser:
@@ -79,24 +77,23 @@ def progress_on_stderr() -> Iterator[None]:
             logging.getLogger(name).setLevel(level)
 
 
-def _stamps(corpus_dir: Path) -> dict[str, int | None]:
-    out = {}
-    for stage in STAGES:
-        f = corpus_dir / stage / "stage.json"
-        out[stage] = f.stat().st_mtime_ns if f.is_file() else None
-    return out
+def _stamp(stage_dir: Path) -> int | None:
+    """When a finished stage's stage.json was written: that of another preparation's where the
+    stage was linked (or copied) from there, a new time where it was built."""
+    f = stage_dir / "stage.json"
+    return f.stat().st_mtime_ns if f.is_file() else None
 
 
 def run(args: argparse.Namespace):
-    """Prepare the chosen corpus; returns (PreparedData, the stages rebuilt)."""
+    """Prepare the chosen corpus; returns (PreparedData, the stages built, not found or linked)."""
     root = (args.cache or cache_root()).resolve()
     corpus = registry.get(args.corpus)
     vocab = args.vocab_size or registry.default_vocab(args.corpus)
-    before = {d.name: _stamps(d) for d in root.iterdir() if d.is_dir()} if root.is_dir() else {}
+    before = {(s, _stamp(d / s)) for d in root.iterdir() if d.is_dir()
+              for s in STAGES} if root.is_dir() else set()
     data = corpus.prepare(**{o.dest: getattr(args, o.dest) for o in corpus.options},
                           subword=args.subword, vocab_size=vocab, root=root)
-    after = _stamps(root / data.name)
-    rebuilt = [s for s in STAGES if after[s] != before.get(data.name, {}).get(s)]
+    rebuilt = [s for s in STAGES if (s, _stamp(data.folder / s)) not in before]
     return data, rebuilt
 
 
@@ -109,6 +106,7 @@ def main(argv: list[str]) -> int:
     print(f"{data.name}: {counts} sentence pairs")
     print(f"binarised data: {data.bin_dir}")
     print(f"text (BLEU references): {data.text_dir}")
+    print(f"key: {data.key} (what runs trained on it record)")
     if rebuilt:
         print(f"rebuilt: {', '.join(rebuilt)} ({time.monotonic() - start:.1f} s)")
     else:

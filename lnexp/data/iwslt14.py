@@ -36,14 +36,15 @@ from __future__ import annotations
 
 import logging
 import re
+import shlex
 import tarfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lnexp.data import moses
-from lnexp.data.cache import cache_root, is_fresh
-from lnexp.data.corpus import Corpus, Option, PreparedData, build_from_text
+from lnexp.data.cache import cache_root
+from lnexp.data.corpus import Corpus, Option, PreparedData, Recipe, build_from_text
 from lnexp.data.text import write_lines
 from lnexp.errors import DataError
 
@@ -272,16 +273,18 @@ def prepare(archive: Path, subword: str = "sentencepiece", vocab_size: int = 100
     """Prepare IWSLT'14 de-en from ``de-en.tgz`` or its unpacked folder (cached per stage)."""
     release = open_release(Path(archive))
     root = Path(root or cache_root())
-    settings = text_settings()
+    command = ["lnexp", "prepare", "iwslt14", "--archive", str(Path(archive).resolve()),
+               "--subword", subword, "--vocab-size", str(vocab_size)]
+    recipe = Recipe(NAME, SRC, TGT, release.inputs, text_settings(), subword, vocab_size,
+                    tokenized=True, command=shlex.join(command))
     raw = None
-    if not is_fresh(root / NAME / "text", release.inputs, settings):
+    if not recipe.text_ready(root):
         raw = read_text(release)  # input errors surface before any stage starts
 
     def build(out: Path) -> None:
         make_text(raw if raw is not None else read_text(release), out, str(release.path))
 
-    return build_from_text(NAME, SRC, TGT, build, release.inputs, settings, subword, vocab_size,
-                           tokenized=True, root=root)
+    return build_from_text(recipe, build, root)
 
 
 CORPUS = Corpus(

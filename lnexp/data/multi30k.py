@@ -6,10 +6,11 @@ output against the untouched references.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
-from lnexp.data.cache import cache_root, is_fresh
-from lnexp.data.corpus import Corpus, Option, PreparedData, build_from_text
+from lnexp.data.cache import cache_root
+from lnexp.data.corpus import Corpus, Option, PreparedData, Recipe, build_from_text
 from lnexp.data.text import read_parallel, write_lines
 from lnexp.errors import ConfigError, DataError
 
@@ -34,10 +35,9 @@ def prepare(raw_dir: Path | None = None, src: str = "de", tgt: str = "en",
     if not raw_dir.is_dir():
         raise ConfigError(f"no such folder: {raw_dir} (--dir or dataset.dir: the folder holding the "
                           "Multi30k {train,val,test_2016_flickr}.{de,en}.gz files)")
-    inputs = [raw_dir / f"{stem}.{lang}.gz" for stem in FILES.values() for lang in (src, tgt)]
-    name, settings = f"multi30k_{src}_{tgt}", {"raw": "strip"}
+    recipe = plan(raw_dir, src, tgt, subword, vocab_size)
     pairs = None
-    if not is_fresh(Path(root or cache_root()) / name / "text", inputs, settings):
+    if not recipe.text_ready(root):
         pairs = read_pairs(raw_dir, src, tgt)  # input errors surface before any stage starts
 
     def make_text(out: Path) -> None:
@@ -45,8 +45,19 @@ def prepare(raw_dir: Path | None = None, src: str = "de", tgt: str = "en",
             write_lines(out / f"{split}.{src}", eval_text(s, src))
             write_lines(out / f"{split}.{tgt}", eval_text(t, tgt))
 
-    return build_from_text(name, src, tgt, make_text, inputs, settings, subword, vocab_size,
-                           tokenized=False, root=root)
+    return build_from_text(recipe, make_text, root=root or cache_root())
+
+
+def plan(raw_dir: Path, src: str = "de", tgt: str = "en", subword: str = "sentencepiece",
+         vocab_size: int = 8000) -> Recipe:
+    """What preparing ``raw_dir`` makes (its key), without making it."""
+    inputs = [raw_dir / f"{stem}.{lang}.gz" for stem in FILES.values() for lang in (src, tgt)]
+    command = ["lnexp", "prepare", "multi30k"]
+    if raw_dir.resolve() != default_dir():
+        command += ["--dir", str(raw_dir)]
+    command += ["--subword", subword, "--vocab-size", str(vocab_size)]
+    return Recipe(f"multi30k_{src}_{tgt}", src, tgt, inputs, {"raw": "strip"}, subword,
+                  int(vocab_size), tokenized=False, command=shlex.join(command))
 
 
 def read_pairs(raw_dir: Path, src: str, tgt: str) -> dict[str, tuple[list[str], list[str]]]:
@@ -72,8 +83,15 @@ def prepare_dataset(dataset, root: Path) -> PreparedData:
                    subword=dataset.subword, vocab_size=int(dataset.vocab_size), root=root)
 
 
+def dataset_key(dataset) -> str:
+    """The key ``prepare_dataset`` would give (the raw files hashed, nothing built)."""
+    raw = dataset.get("dir")
+    return plan(Path(raw) if raw else default_dir(), dataset.get("src"), dataset.get("tgt"),
+                dataset.get("subword"), int(dataset.get("vocab_size"))).key
+
+
 CORPUS = Corpus(
     help="Multi30k de-en (shipped with lnexp)", prepare=prepare, eval_text=eval_text,
     options=(Option("--dir", "raw_dir", "folder with {train,val,test_2016_flickr}.{de,en}.gz "
                     "(default: the shipped data/multi30k)", metavar="DIR"),),
-    check_dataset=check_dataset, prepare_dataset=prepare_dataset)
+    check_dataset=check_dataset, prepare_dataset=prepare_dataset, dataset_key=dataset_key)

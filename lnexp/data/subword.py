@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from lnexp.data.cache import cached_stage
-from lnexp.data.text import SPLITS, progress, read_lines, write_lines
+from lnexp.data.text import SPLITS, progress, read_lines, split_files, write_lines
 
 SUBWORDS = ("sentencepiece", "subword_nmt")
 SPM_MODEL = "spm.model"
@@ -14,14 +14,16 @@ BPE_CODES = "bpe.codes"
 
 
 def subword_stage(
-    name: str, out: Path, text_dir: Path, src: str, tgt: str, kind: str, vocab_size: int
+    name: str, out: Path, text_dir: Path, src: str, tgt: str, kind: str, vocab_size: int,
+    reuse: Iterable[Path] = (),
 ) -> tuple[Path, Path]:
-    """Learn a joint model on train (both sides) and encode every split."""
+    """Learn a joint model on train (both sides) and encode every split (or link the same stage of
+    another preparation, one of ``reuse``)."""
     if kind not in SUBWORDS:
         from lnexp.errors import ConfigError
 
         raise ConfigError(f"unknown subword {kind!r}: use subword=sentencepiece or subword_nmt")
-    inputs = [text_dir / f"{s}.{lang}" for s in SPLITS for lang in (src, tgt)]
+    inputs = split_files(text_dir, src, tgt)
 
     def build(tmp: Path) -> None:
         train = [text_dir / f"train.{src}", text_dir / f"train.{tgt}"]
@@ -32,9 +34,14 @@ def subword_stage(
                 write_lines(tmp / f"{split}.{lang}", [
                     encode(line) for line in progress(lines, f"{name}/subword: {split}.{lang}")])
 
-    out, _ = cached_stage(f"{name}/subword", out, inputs, {"kind": kind, "vocab": vocab_size},
-                          build)
+    out, _ = cached_stage(f"{name}/subword", out, inputs, settings(kind, vocab_size), build,
+                          reuse=reuse)
     return out, out / (SPM_MODEL if kind == "sentencepiece" else BPE_CODES)
+
+
+def settings(kind: str, vocab_size: int) -> dict:
+    """The subword stage's settings, as its stage.json records them."""
+    return {"kind": kind, "vocab": vocab_size}
 
 
 def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str], str]:

@@ -16,6 +16,11 @@ SPLITS = ("train", "valid", "test")
 log = logging.getLogger("lnexp.data")
 
 
+def split_files(folder: Path, src: str, tgt: str) -> list[Path]:
+    """Each split's two sides in ``folder`` (``train.de``, ...): a stage's inputs or outputs."""
+    return [folder / f"{split}.{lang}" for split in SPLITS for lang in (src, tgt)]
+
+
 def read_lines(path: Path) -> list[str]:
     """All lines of a UTF-8 (optionally gzipped) file, newline stripped; errors name file and line."""
     if not path.is_file():

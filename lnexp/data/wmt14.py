@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
 from lnexp.data import moses
-from lnexp.data.cache import cache_root, is_fresh
-from lnexp.data.corpus import Corpus, Option, PreparedData, build_from_text
+from lnexp.data.cache import cache_root
+from lnexp.data.corpus import Corpus, Option, PreparedData, Recipe, build_from_text
 from lnexp.data.iwslt14 import SEG_CLOSE, SEG_OPEN
 from lnexp.data.text import write_lines
 from lnexp.errors import ConfigError, DataError, at_least
@@ -225,15 +226,18 @@ def prepare(dir: Path, max_train_pairs: int | None = None, subword: str = "sente
         raise ConfigError(f"--max-train-pairs must be a positive number, not {max_train_pairs}")
     layout = Layout(Path(dir))
     root = Path(root or cache_root())
-    settings = text_settings(max_train_pairs)
-    if not is_fresh(root / NAME / "text", layout.inputs, settings):
+    command = ["lnexp", "prepare", "wmt14", "--dir", str(Path(dir).resolve()),
+               *(["--max-train-pairs", str(max_train_pairs)] if max_train_pairs else []),
+               "--subword", subword, "--vocab-size", str(vocab_size)]
+    recipe = Recipe(NAME, SRC, TGT, layout.inputs, text_settings(max_train_pairs), subword,
+                    vocab_size, tokenized=True, command=shlex.join(command))
+    if not recipe.text_ready(root):
         check_inputs(layout, max_train_pairs)  # input errors surface before any stage starts
 
     def build(out: Path) -> None:
         make_text(layout, max_train_pairs, out)
 
-    return build_from_text(NAME, SRC, TGT, build, layout.inputs, settings, subword, vocab_size,
-                           tokenized=True, root=root)
+    return build_from_text(recipe, build, root)
 
 
 CORPUS = Corpus(

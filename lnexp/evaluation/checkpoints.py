@@ -100,7 +100,14 @@ def load(ckpt: Checkpoint, data_dir: str | Path, device: str, dataset_impl: str 
         state = fa.average_checkpoints(ckpt.averaged, {"data": str(data_dir)})
         state.pop("last_optimizer_state", None)
         _save(state, ckpt.path)
-    model, task = fa.load_for_inference(ckpt.path, data_dir, dataset_impl, state)
+    try:
+        model, task = fa.load_for_inference(ckpt.path, data_dir, dataset_impl, state)
+    except RuntimeError as e:  # a last guard: the run's data is found by its key, then checked
+        if "size mismatch" not in str(e):
+            raise
+        raise UserError(f"{ckpt.path} does not fit the dictionary of {data_dir} (its embeddings "
+                        "have another size): that is not the data the run trained on; prepare "
+                        "the run's own data again (lnexp prepare, or its dataset config)") from None
     if device == "cuda":
         model = model.cuda()
     return model.eval(), task

@@ -112,6 +112,7 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     record = {
         "run": str(run.dir), "set": set_name, "split": split,
         "src": str(args.src) if args.src else None, "ref": str(args.ref) if args.ref else None,
+        "data_key": run.data.key,  # the prepared data the run trained on (and read here)
         "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
         "averaged": [str(p) for p in ckpt.averaged] or None,
         "beam": beam, "lenpen": lenpen, "batch_size": batch, "device": device, "n": scorer.n,

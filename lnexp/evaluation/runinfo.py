@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lnexp.data.cache import cache_root
 from lnexp.data.corpus import PreparedData
-from lnexp.errors import DataError, UserError
+from lnexp.errors import UserError
 from lnexp.rundir import RUN, run_paths
 
 
@@ -52,18 +51,35 @@ def open_run(run_dir: Path) -> RunInfo:
     try:
         meta = json.loads(run_paths(run_dir)["run"].read_text())
         config, data = meta["config"], dict(meta["data"])
+        dataset = dict(config["dataset"])
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{run_paths(run_dir)['run']} is unreadable or incomplete: pass a folder that lnexp "
                         "train wrote") from None
-    return RunInfo(run_dir, config, _prepared(data))
+    return RunInfo(run_dir, config, _prepared(run_dir, data, dataset))
 
 
-def _prepared(data: dict[str, Any]) -> PreparedData:
-    """The run's prepared corpus: where it was at training time, else in today's cache."""
-    if Path(data["bin_dir"]).is_dir():
-        return PreparedData(**data)
-    moved = cache_root() / data["name"] / "prepared.json"
-    if moved.is_file():
-        return PreparedData.load(moved.parent)
-    raise DataError(f"the run's prepared data {data['bin_dir']} is gone: set LNEXP_CACHE to where "
-                    f"{data['name']} was prepared, or prepare it again (lnexp prepare)")
+def _prepared(run_dir: Path, data: dict[str, Any], dataset: dict[str, Any]) -> PreparedData:
+    """The run's own prepared corpus, by the key run.json records (``registry.for_run``); for a run
+    from before keys, the data found is checked against what the run recorded."""
+    from lnexp.data.registry import for_run
+
+    return for_run(data, dataset, lambda found: mismatch(run_dir, data, found), str(run_dir))
+
+
+def mismatch(run_dir: Path, recorded: dict[str, Any], found: PreparedData) -> str | None:
+    """What tells ``found`` apart from the data the run trained on (None: nothing): the sentence
+    counts run.json records, and the validation references the run wrote when it started."""
+    counts = recorded.get("counts") or {}
+    if counts and {k: found.counts.get(k) for k in counts} != counts:
+        show = " / ".join(f"{k} {v:,}" for k, v in counts.items())
+        other = " / ".join(f"{k} {found.counts.get(k, 0):,}" for k in counts)
+        return f"the run recorded {show} pairs, it holds {other}"
+    ref = run_paths(run_dir)["hyps"] / "valid.ref"
+    if ref.is_file():
+        from lnexp.train.validation import detokenizer
+
+        wrote = ref.read_text(encoding="utf-8").splitlines()
+        detok = detokenizer(found)
+        if [detok(r) for r in found.references("valid")[: len(wrote)]] != wrote:
+            return f"its validation sentences are not those of {ref}"
+    return None
