@@ -118,7 +118,6 @@ def lnexp_main(*args: str, cache: Path, check: bool = True):
     worker processes write to their own streams)."""
     import contextlib
     import io
-    import logging
     import signal
     import subprocess
 
@@ -126,12 +125,11 @@ def lnexp_main(*args: str, cache: Path, check: bool = True):
     from hydra.core.hydra_config import HydraConfig
 
     from lnexp.cli import main
+    from lnexp.logs import loggers_state, restore_loggers
 
     env, term = dict(os.environ), signal.getsignal(signal.SIGTERM)
     hydra_cfg, hydra_up = HydraConfig.instance().cfg, GlobalHydra.instance().is_initialized()
-    loggers = {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled)
-               for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]
-               if isinstance(lg, logging.Logger)}
+    loggers = loggers_state()
     os.environ.update(LNEXP_CACHE=str(cache), PYTHONWARNINGS="ignore")
     out, err = io.StringIO(), io.StringIO()
     try:
@@ -147,17 +145,7 @@ def lnexp_main(*args: str, cache: Path, check: bool = True):
         HydraConfig.instance().cfg = hydra_cfg  # later direct calls are not "under Hydra"
         if not hydra_up:
             GlobalHydra.instance().clear()
-        for name, lg in [("", logging.getLogger()), *logging.Logger.manager.loggerDict.items()]:
-            if not isinstance(lg, logging.Logger):
-                continue
-            handlers, level, propagate, disabled = loggers.get(name, ([], logging.NOTSET, True, False))
-            for h in lg.handlers[:]:
-                if h not in handlers:
-                    lg.removeHandler(h)
-                    h.close()
-            lg.handlers[:] = handlers
-            lg.setLevel(level)
-            lg.propagate, lg.disabled = propagate, disabled
+        restore_loggers(loggers)
     proc = subprocess.CompletedProcess(["lnexp", *args], rc, out.getvalue(), err.getvalue())
     if check and rc != 0:
         raise AssertionError(f"lnexp {' '.join(args)} exited {rc}:\n"

@@ -180,7 +180,8 @@ def test_the_arrays_settings_are_checked_before_any_round():
                                                  "hydra.launcher.gpus_per_node=1"])
     assert folder == "r/.submitit/%j"
     assert params["slurm_partition"] == "gpu" and params["gpus_per_node"] == 1
-    with pytest.raises(UserError, match="--launcher nowhere: use one of .*submitit_slurm.*worker"):
+    with pytest.raises(UserError,
+                       match="--launcher nowhere: not a launcher; use one of .*worker.*submitit_slurm"):
         make("nowhere")
     from lnexp.atlas.launchers import named_in
 

@@ -79,7 +79,9 @@ def names() -> dict[str, str]:
     for module in MODULES:
         try:
             importlib.import_module(module)
-        except ImportError:  # its dependency is not installed: not offered
+        except ImportError as e:  # its dependency (submitit) is not installed: not offered
+            if (e.name or "").startswith("lnexp"):
+                raise
             continue
     return {n: h for n, (h, _) in LAUNCHERS.items()}
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from lnexp.atlas.launchers import Ended, register
+from lnexp.logs import loggers_state, restore_loggers
 
 STOP_GRACE_S = 60.0  # after stop(), how long a running cell may take to record its interruption
 CRASH = 1  # the status of a cell whose worker died under it (lnexp train's crash status)
@@ -65,7 +66,7 @@ class ProcessState:
         self.threads = torch.get_num_threads()
         self.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
         self.log_disable = logging.root.manager.disable
-        self.loggers = loggers if loggers is not None else logging_state()
+        self.loggers = loggers if loggers is not None else loggers_state()
 
     def restore(self) -> None:
         """Back to the captured state; a cell's log handlers (Hydra's file handler in its run folder)
@@ -95,15 +96,7 @@ class ProcessState:
         np.random.set_state(self.rng[1])
         torch.set_rng_state(self.rng[2])
         logging.disable(self.log_disable)
-        for name, lg in _loggers():
-            handlers, level, propagate, disabled = self.loggers.get(name, ([], logging.NOTSET, True, False))
-            for h in lg.handlers[:]:
-                if h not in handlers:
-                    lg.removeHandler(h)
-                    h.close()
-            lg.handlers[:] = handlers
-            lg.setLevel(level)
-            lg.propagate, lg.disabled = propagate, disabled
+        restore_loggers(self.loggers)
         HydraConfig.instance().cfg = None  # type: ignore[assignment]
         GlobalHydra.instance().clear()
         fa.fresh_process_state()
@@ -112,18 +105,6 @@ class ProcessState:
         gc.collect()  # the last cell's model, optimizer and data, before the next one's
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()  # its memory back to the device (other workers share it)
-
-
-def logging_state() -> dict[str, tuple]:
-    """Each logger's handlers, level and switches."""
-    return {name: (lg.handlers[:], lg.level, lg.propagate, lg.disabled) for name, lg in _loggers()}
-
-
-def _loggers():
-    import logging
-
-    return [("", logging.getLogger()), *((n, lg) for n, lg in logging.Logger.manager.loggerDict.items()
-                                         if isinstance(lg, logging.Logger))]
 
 
 def train_cell(cell: list[str], fresh: ProcessState) -> int:
@@ -149,12 +130,12 @@ def train_cell(cell: list[str], fresh: ProcessState) -> int:
 
 def serve(cells: IO[str], results: IO[str]) -> int:
     """Train each cell read from ``cells`` and write its end to ``results``, until end of input."""
-    root = logging_state()[""]
+    root = loggers_state()[""]
     _preload()
     # the loggers as lnexp's modules set them on import (fairseq's at WARNING), but the root as it
     # was before: an import (fairseq's) may configure it, where lnexp train, which sets up its own
     # log lines before importing fairseq, would not let it
-    fresh = ProcessState({**logging_state(), "": root})
+    fresh = ProcessState({**loggers_state(), "": root})
     while True:
         try:
             line = cells.readline()
