@@ -193,7 +193,8 @@ def tiny_run(tmp_path_factory, small_multi30k) -> Path:
 HEAVIEST_FILES = ["test_scripts.py", "test_train.py", "test_distributed.py", "test_gpu_session.py",
                   "test_results.py", "test_evaluate.py", "test_sweep.py", "test_experiments.py",
                   "test_figures_fig2_fig4.py", "test_zoo.py", "test_docs.py",
-                  "test_train_vs_fairseq.py", "test_wheelhouse.py", "test_run_folder.py"]
+                  "test_train_vs_fairseq.py", "test_wheelhouse.py", "test_run_folder.py",
+                  "test_speed.py"]
 
 
 def pytest_configure(config) -> None:
