@@ -432,7 +432,14 @@ BOUNDS: dict[str, Bound] = {
     "distributed.port": Bound(-1, 65535, note="-1 = none"),
     "distributed.bucket_cap_mb": Bound(1),
     "distributed.heartbeat_timeout": Bound(-1, note="-1 = never"),
+    "speed.buckets": Bound(1, unit="tokens"),
+    "speed.gpu_threads": Bound(0, note="0 = as threads says"),
 }
+# lnexp.train.speed's settings (configs/train.yaml's speed group)
+SYNCS = ("fewer", "every")
+ADAM_KERNELS = ("fairseq", "foreach", "fused")
+HALF_PATHS = ("cast", "autocast")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # Keys that take one of a few words.
 CHOICES: dict[str, tuple[str, ...]] = {
     "norm.name": NORMS, "precision": PRECISIONS, "device": ("auto", "cpu", "cuda"),
@@ -441,6 +448,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "distributed.backend": ("auto", "gloo", "nccl", "mpi", "ucc"),  # torch.distributed's
     "distributed.ddp_backend": ("auto", "legacy_ddp", "pytorch_ddp", "c10d", "no_c10d",
                                 "fully_sharded", "slowmo"),  # fairseq's --ddp-backend
+    "speed.syncs": SYNCS, "speed.adam": ADAM_KERNELS, "speed.half": HALF_PATHS,
+    "speed.compile_mode": COMPILE_MODES,
 }
 
 

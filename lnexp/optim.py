@@ -16,6 +16,7 @@
 """
 
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -120,3 +121,81 @@ class LnexpSchedule(FairseqLRScheduler):
         lr = self._lr()
         self.optimizer.set_lr(lr)
         return lr
+
+
+class TorchKernelAdam(torch.optim.AdamW):
+    """fairseq's Adam (``fairseq.optim.adam.Adam``) on torch's multi-tensor kernels (``impl``:
+    "foreach", or "fused": one kernel for all parameters), for ``speed.adam``.
+
+    fairseq's Adam steps ``p -= lr*sqrt(bc2)/bc1 * m/(sqrt(v) + eps)`` after a decoupled weight
+    decay ``p -= lr*wd*p``; torch's AdamW divides sqrt(v) by sqrt(bc2) before adding eps. Giving
+    torch's kernel ``eps/sqrt(bc2)`` each step makes the two the same update (bc2 = 1 - beta2^step,
+    with step counted on the host: no device read), equal up to the kernels' rounding. Its state
+    dict is fairseq's (integer steps, fairseq's group keys), so a run resumes with either
+    optimizer. fairseq's optimizer wrapper (``FairseqAdam``) holds it as fairseq holds apex's
+    FusedAdam where apex is installed (``lnexp.fairseq_adapter.use_torch_adam``)."""
+
+    FAIRSEQ_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
+
+    def __init__(self, params, impl: str, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False) -> None:
+        if impl not in ("foreach", "fused"):
+            raise ValueError(f"impl={impl!r}: use foreach or fused")
+        self.impl = impl
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad, foreach=impl == "foreach", fused=impl == "fused")
+        self._steps = [0 for _ in self.param_groups]  # updates each group has taken
+
+    def step(self, closure=None):
+        saved = [group["eps"] for group in self.param_groups]
+        try:
+            for i, group in enumerate(self.param_groups):
+                self._steps[i] += 1
+                beta2 = group["betas"][1]
+                group["eps"] = group["eps"] / math.sqrt(1 - beta2 ** self._steps[i])
+            return super().step(closure)
+        finally:
+            for group, eps in zip(self.param_groups, saved, strict=True):
+                group["eps"] = eps
+
+    def state_dict(self) -> dict:
+        """fairseq's Adam's state dict: integer steps, fairseq's group keys only."""
+        sd = super().state_dict()  # (its per-parameter dicts are the live ones: copied here)
+        sd["state"] = {i: {**s, **({"step": int(s["step"])} if "step" in s else {})}
+                       for i, s in sd["state"].items()}
+        sd["param_groups"] = [{k: g[k] for k in (*self.FAIRSEQ_KEYS, "params") if k in g}
+                              for g in sd["param_groups"]]
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A state dict of fairseq's Adam or of this class (the steps are read on the host, before
+        torch moves the state to the parameters' device)."""
+        steps = []
+        for group in state_dict["param_groups"]:
+            held = [state_dict["state"][i]["step"] for i in group["params"]
+                    if i in state_dict["state"] and "step" in state_dict["state"][i]]
+            steps.append(int(max((int(s) for s in held), default=0)))
+        # torch's fused path moves a step with .to(): fairseq's integer steps as tensors
+        state_dict = {**state_dict, "state": {
+            i: {**s, **({"step": torch.tensor(float(s["step"]))} if "step" in s else {})}
+            for i, s in state_dict["state"].items()}}
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:  # torch takes the saved groups' keys: ours again
+            group.update(foreach=self.impl == "foreach", fused=self.impl == "fused",
+                         decoupled_weight_decay=True, maximize=False, capturable=False,
+                         differentiable=False)
+        self._steps = steps
+
+
+def torch_kernel_adam(fairseq_adam, impl: str) -> TorchKernelAdam:
+    """A ``TorchKernelAdam`` over the parameters of fairseq's ``Adam``, with its settings and
+    state (empty for a fresh run; a resumed run's moments and steps)."""
+    group = fairseq_adam.param_groups[0]
+    params = [p for g in fairseq_adam.param_groups for p in g["params"]]
+    out = TorchKernelAdam(params, impl, lr=group["lr"], betas=tuple(group["betas"]),
+                          eps=group["eps"], weight_decay=group["weight_decay"],
+                          amsgrad=group.get("amsgrad", False))
+    if len(fairseq_adam.param_groups) != 1:
+        raise ValueError("fairseq's Adam has several parameter groups: lnexp builds one")
+    out.load_state_dict(fairseq_adam.state_dict())
+    return out

@@ -120,12 +120,17 @@ class LnexpTrainer:
         if dist is not None:
             fa.adopt_distributed(self.fcfg, dist)
         self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
-        from lnexp.train import precision
+        from lnexp.train import precision, speed
 
-        self.precision = precision.resolve(str(cfg.precision), self.device)
-        if self.precision.autocast:  # as lnexp.train.loop.Training does
-            fa.autocast_forward(self.trainer, precision.autocast_context)
+        settings_ = speed.Speed.of(cfg)
+        self.precision = precision.resolve(str(cfg.precision), self.device, half=settings_.half)
+        context = precision.forward_context(self.precision)
+        if context is not None:  # as lnexp.train.loop.Training does
+            fa.autocast_forward(self.trainer, context)
         _, self.epoch_itr, _ = fa.epoch_iterator(self.fcfg, self.trainer, None, self.task)
+        # the update as lnexp.train.loop makes it (speed.*); stock fairseq's own update for --stock
+        self._update = fa.train_step if stock else speed.make_step(
+            self.trainer, self.model, settings_, self.device, False, int(self.fcfg.dataset.max_tokens))
         if compile_layers:
             torch._dynamo.config.recompile_limit = 64  # one code object, 12 layer instances
             for layer in [*self.model.encoder.layers, *self.model.decoder.layers]:
@@ -151,17 +156,16 @@ class LnexpTrainer:
 
     def step(self, count_flops: bool = False) -> tuple[float, float, float]:
         """One update, batch fetch included: (seconds, target tokens, FLOPs if counted else 0)."""
-        from lnexp import fairseq_adapter as fa
 
         self._sync()
         t = time.perf_counter()
         samples = self._next()
         if count_flops:
             with flop_counter() as fc:
-                fa.train_step(self.trainer, samples)
+                self._update(self.trainer, samples)
             flops = float(fc.get_total_flops())
         else:
-            fa.train_step(self.trainer, samples)
+            self._update(self.trainer, samples)
             flops = 0.0
         self._sync()
         return time.perf_counter() - t, target_tokens(samples), flops
@@ -182,11 +186,11 @@ class LnexpTrainer:
             samples = self._next()
             if i < count_flops:
                 with flop_counter() as fc:
-                    step = fa.train_step(self.trainer, samples)
+                    step = self._update(self.trainer, samples)
                 flops += fc.get_total_flops()
                 ftok += target_tokens(samples)
             else:
-                step = fa.train_step(self.trainer, samples)
+                step = self._update(self.trainer, samples)
             if i == 0 and on_first is not None:
                 on_first(self, step)
             overflows += bool(step and step.get("overflow"))
@@ -196,7 +200,7 @@ class LnexpTrainer:
         world = self.trainer.data_parallel_world_size
         for _ in range(updates):
             samples = self._next()
-            step = fa.train_step(self.trainer, samples)
+            step = self._update(self.trainer, samples)
             if step and not step.get("overflow"):
                 tokens += step["ntokens"]  # all ranks' target tokens (fairseq's wpb)
             else:

@@ -48,7 +48,10 @@ RATIOS = [  # (label, numerator run, denominator run, target)
 ]
 # fast paths against the default fp32 lnexp run (--fast): run kind -> extra overrides, compiled?
 FAST = {"bf16": (["precision=bf16"], False), "compiled": ([], True),
-        "bf16+compiled": (["precision=bf16"], True)}
+        "bf16+compiled": (["precision=bf16"], True),
+        # issue 44's speed settings, each against the default run (speed.syncs=fewer, fairseq's Adam)
+        "syncs_every": (["speed.syncs=every"], False), "adam_foreach": (["speed.adam=foreach"], False),
+        "adam_fused": (["speed.adam=fused"], False)}
 KINDS = ("stock", "lnexp", *FAST)
 # every other scheme against Pre-LN (lnexp both): a scheme under this ratio at the IWSLT size says
 # where its time goes (#19; docs/performance.md)

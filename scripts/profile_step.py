@@ -6,6 +6,15 @@
     python scripts/profile_step.py --quick              # tiny model, seconds (used by the tests)
     python scripts/profile_step.py --cell --updates 10  # a mini atlas cell's phases (start-up ... BLEU)
     python scripts/profile_step.py --cell --precision bf16
+    python scripts/profile_step.py --syncs --model mini --override speed.syncs=every
+                                                        # host syncs and aten calls per update
+
+``--syncs``: what an update would cost a GPU beyond its arithmetic, counted on any device: the
+device-to-host reads per update (``aten::_local_scalar_dense``: ``.item()``, ``float(t)``, ``if t``),
+each with the line of fairseq or lnexp that asks for it, and the aten operator calls per update
+(on a GPU, about one kernel launch each) in the forward + loss, backward and optimizer phases.
+Reads of CPU tensors (fairseq's positional embedding reads its input's shape) are marked: on a
+GPU they are no sync.
 
 ``--cell``: where a mini 6+6 atlas cell's time goes (configs/experiment/atlas_mini.yaml: 120 updates
 of 2048 tokens, 1 thread, norm tracking every 10 updates, one validation loss + BLEU on 100
@@ -88,6 +97,60 @@ def profile(trainer: B.LnexpTrainer, updates: int):
             wall / updates)
 
 
+def host_syncs(trainer: B.LnexpTrainer, updates: int) -> None:
+    """The --syncs tables (see the module's docstring)."""
+    import collections
+    import traceback
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    where: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+    phase = ["rest of the update"]
+    read = torch.ops.aten._local_scalar_dense.default
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls[phase[0]] += 1
+            if func is read:
+                frames = [f for f in traceback.extract_stack()[:-1]
+                          if "/torch/" not in f.filename]
+                f = frames[-1]
+                path = f.filename.split("site-packages/")[-1].replace(str(B.REPO) + "/", "")
+                # fairseq's positional embedding reads its input's shape, a CPU tensor on any device
+                device = ("CPU tensor (no sync)" if args[0].device.type == "cpu" and (
+                    trainer.device == "cuda" or "positional_embedding" in path) else "GPU sync")
+                where[(f"{path}:{f.lineno}", (f.line or "").strip()[:70], device)] += 1
+            return func(*args, **(kwargs or {}))
+
+    def mark(obj, name: str, label: str) -> None:
+        f = getattr(obj, name)
+
+        def run(*a, **k):
+            before, phase[0] = phase[0], label
+            try:
+                return f(*a, **k)
+            finally:
+                phase[0] = before
+        setattr(obj, name, run)
+
+    mark(trainer.trainer.criterion, "forward", "forward + loss")
+    mark(trainer.trainer.optimizer, "backward", "backward")
+    mark(trainer.trainer.optimizer, "step", "optimizer step")
+    with Count():
+        for _ in range(updates):
+            samples = trainer._next()
+            trainer._update(trainer.trainer, samples)
+    rows = [[f"{n / updates:.1f}", loc, kind, line] for (loc, line, kind), n in where.most_common()]
+    print(f"# host reads per update ({sum(where.values()) / updates:.1f} in all), by the line "
+          "that asks")
+    print(B.table(["per update", "where", "kind", "code"], rows))
+    print()
+    print(B.table(["phase", "aten calls per update"],
+                  [[k, v / updates] for k, v in calls.most_common()]))
+
+
 def cell(args) -> None:
     """The --cell table: a mini atlas cell's seconds by phase (see the module's docstring)."""
     import torch
@@ -168,6 +231,10 @@ def main() -> None:
                    help="a mini atlas cell's time by phase (start-up, data, forward, backward, "
                         "optimizer, norm tracking, evaluation) instead of the operator profile")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "auto"))
+    p.add_argument("--syncs", action="store_true",
+                   help="host reads (GPU syncs) and aten calls per update instead of the profile")
+    p.add_argument("--override", action="append", default=[],
+                   help="an lnexp override (repeatable), e.g. speed.adam=fused")
     B.add_data_args(p)
     args = p.parse_args()
     if args.cell:
@@ -183,12 +250,21 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     over = [f"scale.arch={B.ARCHS[args.model]}", f"placement={args.placement}", B.STOCK_SCHEDULE, "seed=1",
-            f"threads={torch.get_num_threads()}", f"precision={args.precision}", *B.data_overrides(args)]
+            f"threads={torch.get_num_threads()}", f"precision={args.precision}", *B.data_overrides(args),
+            *args.override]
     if args.quick:
         over += B.QUICK_OVERRIDES
         args.model = "mini (2+2 layers)"
         args.warmup, args.updates = 1, min(args.updates, 2)
     print(B.machine_line())
+    if args.syncs:
+        trainer = B.LnexpTrainer(over, stock=args.stock)
+        for _ in range(args.warmup):
+            trainer.step()
+        print(f"# {'stock fairseq' if args.stock else 'lnexp'}, model {args.model}, {args.placement}, "
+              f"{args.updates} updates after {args.warmup}; overrides: {' '.join(args.override) or '-'}")
+        host_syncs(trainer, args.updates)
+        return
     peak0 = B.matmul_peak(2048, "float32")
     trainer = B.LnexpTrainer(over, stock=args.stock)
     res = trainer.run(args.warmup, args.updates, count_flops=1)

@@ -182,7 +182,7 @@ HEAVIEST_FILES = ["test_scripts.py", "test_train.py", "test_distributed.py", "te
                   "test_results.py", "test_evaluate.py", "test_sweep.py", "test_experiments.py",
                   "test_figures_fig2_fig4.py", "test_zoo.py", "test_docs.py",
                   "test_train_vs_fairseq.py", "test_wheelhouse.py", "test_run_folder.py",
-                  "test_atlas_launchers.py", "test_atlas_driver.py"]
+                  "test_atlas_launchers.py", "test_atlas_driver.py", "test_speed.py"]
 
 
 def pytest_configure(config) -> None:

@@ -115,3 +115,69 @@ def test_checkpoint_trained_on_gpu_evaluates_on_cpu(tmp_path, small_multi30k, mo
     assert rc == 0, err
     res = json.loads(out.strip().splitlines()[-1])
     assert math.isfinite(float(res["bleu"])) and res["device"] == "cpu"
+
+
+# --- issue 44's speed settings on the GPU (their CPU side: tests/test_speed.py) ----------------
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_autocast_trains_on_the_gpu(tmp_path, small_multi30k, monkeypatch, precision):
+    """speed.half=autocast: fp32 weights, torch.autocast (bf16) or fairseq's --amp (fp16)."""
+    run_dir, status = train(tmp_path, small_multi30k, monkeypatch, f"precision={precision}",
+                            "speed.half=autocast", "speed.adam=fused", "max_update=8",
+                            "log_interval=1")
+    assert status["status"] == "stopped" and status["updates"] == 8, status
+    losses = [float(r["loss"]) for r in updates_csv(run_dir)]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["precision"]["autocast"] and "autocast on the GPU" in run["precision"]["why"]
+    flags = run["fairseq_flags"]
+    assert flags["bf16"] == "False" and flags["fp16"] == "False"
+    assert flags["amp"] == str(precision == "fp16")
+
+
+def test_torch_adam_kernels_on_the_gpu_step_as_fairseqs_adam():
+    """fused and foreach AdamW with fairseq's arithmetic against fairseq's Adam on CUDA tensors:
+    20 steps, gradients near eps in size (where the two differ unless eps is rescaled)."""
+    from fairseq.optim.adam import Adam
+
+    from lnexp.optim import torch_kernel_adam
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    start = [torch.randn(64, 32, device="cuda", generator=g) for _ in range(4)]
+
+    def run(kind: str) -> list[torch.Tensor]:
+        params = [torch.nn.Parameter(p.clone()) for p in start]
+        opt = Adam(params, lr=1e-3, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01)
+        if kind != "fairseq":
+            opt = torch_kernel_adam(opt, kind)
+        gg = torch.Generator(device="cuda").manual_seed(1)
+        for _ in range(20):
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=gg) * 1e-7
+            opt.step()
+        return params
+
+    ref = run("fairseq")
+    for kind in ("foreach", "fused"):
+        for p, q, s in zip(run(kind), ref, start, strict=True):
+            assert float((p - q).abs().max() / (q - s).abs().max()) < 1e-4, kind
+
+
+def test_cuda_graphs_with_buckets_train_like_eager(tmp_path, small_multi30k, monkeypatch, caplog):
+    """compile=true with speed.compile_mode=reduce-overhead and buckets: no fallback, and the first
+    update's loss is eager's (no dropout: the same function of the same weights)."""
+    import logging
+
+    over = ("scale.dropout=0", "max_update=6", "log_interval=1")
+    eager_dir, _ = train(tmp_path / "eager", small_multi30k, monkeypatch, *over)
+    with caplog.at_level(logging.INFO, logger="lnexp.train"):
+        run_dir, status = train(tmp_path / "graphs", small_multi30k, monkeypatch, *over,
+                                "compile=true", "speed.compile_mode=reduce-overhead",
+                                "speed.buckets=[8,16,24,32,48,64,128]")
+    assert status["status"] == "stopped" and status["updates"] == 6, status
+    assert "compile=true failed" not in caplog.text and "mode=reduce-overhead" in caplog.text
+    graphs = [float(r["loss"]) for r in updates_csv(run_dir)]
+    eager = [float(r["loss"]) for r in updates_csv(eager_dir)]
+    assert all(math.isfinite(x) for x in graphs)
+    assert graphs[0] == pytest.approx(eager[0], rel=1e-3)

@@ -116,6 +116,19 @@ def test_profile_step_quick_splits_update_time_and_reports_matmul_ceiling(small_
     assert "ceiling set by this model's matmul shapes" in out
 
 
+def test_profile_step_syncs_lists_the_host_reads_by_line_and_the_calls_by_phase(small_multi30k,
+                                                                                bench_env):
+    """With the default speed.syncs=fewer fairseq's meters are not read back (meters.py); the
+    Trainer's finiteness check before the step is (trainer.py), and fused Adam is 4 calls."""
+    out = run_script("profile_step.py", "--quick", "--syncs", "--override", "speed.adam=fused",
+                     *data_args(small_multi30k), env=bench_env)
+    reads = {r[1].split(":")[0]: r for r in table_rows(out, "per", "update", "where")}
+    assert "fairseq/trainer.py" in reads and reads["fairseq/trainer.py"][2] == "GPU sync"
+    assert "fairseq/logging/meters.py" not in reads
+    calls = {" ".join(r[:-1]): number(r[-1]) for r in table_rows(out, "phase", "aten")}
+    assert calls["optimizer step"] == 4 and calls["backward"] > calls["forward + loss"] > 0
+
+
 def test_bench_sharing_quick_prints_the_table_and_the_threads_taken(small_multi30k, bench_env,
                                                                    tmp_path):
     """One tiny run (each run is a process with lnexp's start-up, ~20 s: `--runs 1,2` would take

@@ -25,7 +25,7 @@ from lnexp import run_status, rundir
 from lnexp.rundir import read_json, run_paths
 from lnexp.runtime import runlock
 from lnexp.runtime.sharing import Sharing
-from lnexp.train import precision, settings
+from lnexp.train import precision, settings, speed
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import OtherRank, Rank0
 from lnexp.train.settings import RunSetup
@@ -98,7 +98,7 @@ def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
 def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
     """The training of one process: the whole run, or one rank of a data-parallel run (``dist``:
     fairseq's distributed settings of the rank, see lnexp.train.distributed)."""
-    sharing = Sharing(int(cfg.threads), run_dir)
+    sharing = Sharing(speed.threads(cfg), run_dir)
     try:
         setup = settings.run_setup(cfg, run_paths(run_dir), run_dir, dist)
         return Training(setup, sharing).train()
@@ -114,16 +114,15 @@ class Training:
         from the checkpoint the run resumes from with lnexp's state; rank 0 describes the run."""
         self.setup, self.sharing = setup, sharing
         self.task, model, _, self.trainer = fa.build_trainer(setup.fcfg)
-        if setup.precision.autocast:  # bf16 on CPU: forward + loss under autocast
-            fa.autocast_forward(self.trainer, precision.autocast_context)
-        self.step = fa.train_step
-        if setup.compile:  # falls back to the eager layers, saying why, if compiling fails
-            from lnexp.train.compiling import CompiledLayers
-
-            self.step = CompiledLayers(model).step
+        context = precision.forward_context(setup.precision)
+        if context is not None:  # bf16 autocast (CPU, or GPU with speed.half=autocast)
+            fa.autocast_forward(self.trainer, context)
         # a fresh run starts from its scheme's initialisation (Admin's profiling pass sets gains)
         extra, self.epoch_itr, profiled = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from,
                                                             self.task)
+        # the update as speed.* makes it (after the checkpoint: Adam's kernels take its state)
+        self.step = speed.make_step(self.trainer, model, setup.speed, setup.device, setup.compile,
+                                    int(setup.fcfg.dataset.max_tokens))
         self.state = RunState.from_checkpoint(extra)
         if profiled is not None:
             self.state.profiled_init = profiled

@@ -1,6 +1,10 @@
 """The precision a run trains in, and lnexp's own bf16 path on CPUs with bf16 matrix units.
 
-``precision=bf16`` on a GPU is fairseq's ``--bf16`` (the whole model cast). On a CPU it is
+``precision=bf16`` or ``fp16`` on a GPU is fairseq's ``--bf16``/``--fp16`` (the whole model cast,
+fp32 master weights in fairseq's FP16Optimizer) by default; with ``speed.half=autocast`` it is
+``torch.autocast("cuda")`` with fp32 weights instead: bf16 around the forward pass and the loss as
+below (no loss scale), fp16 as fairseq's ``--amp`` (its autocast, and torch's GradScaler). On a CPU
+``precision=bf16`` is
 ``torch.autocast("cpu", dtype=torch.bfloat16)`` around the forward pass and the loss only
 (``fairseq_adapter.autocast_forward``): weights, gradients and Adam's state stay fp32, the matrix
 multiplies run in bf16 (oneDNN's AMX / AVX512-BF16 kernels, several times fp32 there), while
@@ -36,10 +40,16 @@ class Precision:
     name: str
     autocast: bool
     why: str
+    device: str = "cpu"
 
     @property
     def fairseq_bf16(self) -> bool:
         return self.name == "bf16" and not self.autocast
+
+    @property
+    def fairseq_amp(self) -> bool:
+        """fp16 autocast on a GPU: fairseq's --amp (its autocast and loss scaler)."""
+        return self.name == "fp16" and self.autocast
 
 
 def cpu_bf16_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
@@ -97,15 +107,23 @@ def self_check() -> str | None:
     return None
 
 
-def resolve(requested: str, device: str, cpuinfo: str | None = None) -> Precision:
-    """The precision a run asked for (``cfg.precision``) as it runs on ``device``; ConfigError where
-    it cannot (fp16 on CPU, bf16 whose self-check fails)."""
+def resolve(requested: str, device: str, cpuinfo: str | None = None,
+            half: str = "cast") -> Precision:
+    """The precision a run asked for (``cfg.precision``) as it runs on ``device``, half precision
+    on a GPU the way ``half`` (``speed.half``) says; ConfigError where it cannot (fp16 on CPU, bf16
+    whose self-check fails)."""
     if requested == "fp32":
-        return Precision("fp32", False, "fp32")
+        return Precision("fp32", False, "fp32", device)
     if device == "cuda":
         if requested == "auto":
-            return Precision("fp32", False, "fp32 (precision=auto on a GPU is fp32)")
-        return Precision(requested, False, f"{requested} (fairseq's --{requested}: the whole model)")
+            return Precision("fp32", False, "fp32 (precision=auto on a GPU is fp32)", device)
+        if half == "autocast":
+            how = ("fairseq's --amp: its autocast and loss scaler" if requested == "fp16"
+                   else "no loss scale")
+            return Precision(requested, True, f"{requested} autocast on the GPU (speed.half="
+                             f"autocast; {how}): weights, gradients and Adam fp32", device)
+        return Precision(requested, False, f"{requested} (fairseq's --{requested}: the whole model)",
+                         device)
     if requested == "fp16":
         raise ConfigError("precision=fp16 needs a GPU: use precision=fp32 or bf16 on CPU")
     flags = cpu_bf16_flags(cpuinfo)
@@ -169,6 +187,24 @@ def _up(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _up(v) for k, v in x.items()}
     return x
+
+
+def forward_context(p: Precision):
+    """What the forward pass and the loss run under (``fairseq_adapter.autocast_forward``), or
+    None: CPU bf16 autocast (``autocast_context``), GPU bf16 autocast (``cuda_bf16_context``);
+    fp16 autocast is fairseq's --amp, which wraps them itself."""
+    if not p.autocast or p.fairseq_amp:
+        return None
+    return cuda_bf16_context if p.device == "cuda" else autocast_context
+
+
+@contextlib.contextmanager
+def cuda_bf16_context():
+    """bf16 autocast on a GPU: torch's own op lists (its softmax, norms and losses run fp32)."""
+    import torch
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        yield
 
 
 @contextlib.contextmanager

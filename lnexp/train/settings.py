@@ -24,6 +24,7 @@ from lnexp.names import ARCH_SIZES, arch_flags
 from lnexp.scheme import Norm, Placement, placement_of
 from lnexp.train.precision import Precision
 from lnexp.train.precision import resolve as resolve_precision
+from lnexp.train.speed import Speed
 
 # lnexp's architectures that stock fairseq registers under another name (same sizes, same init)
 STOCK_ARCHS = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
@@ -88,6 +89,7 @@ class RunSetup:
     resume_from: Path | None  # the checkpoint the run resumes from (None: a fresh start)
     precision: Precision  # what the run computes in (precision=auto resolved on this machine)
     compile: bool  # compile=true: layers under torch.compile (lnexp.train.compiling)
+    speed: Speed  # how an update runs on the hardware (lnexp.train.speed)
 
     @property
     def data(self) -> Any:
@@ -105,7 +107,8 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
     from lnexp import rundir
 
     device = resolve_device(cfg)
-    precision = resolve_precision(str(cfg.precision), device)
+    speed = Speed.of(cfg)
+    precision = resolve_precision(str(cfg.precision), device, half=speed.half)
     # (None for schedule=linear, and for CPU autocast: stock fairseq has no such path)
     stock = None if precision.autocast else stock_flags(fairseq_flags(cfg, 1, device))
     values = dict(
@@ -134,7 +137,7 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
         master=fa.is_master(fs.config), world_size=world,
         tokens_per_update_max=world * tokens_per_rank,
         resume_from=rundir.resume_checkpoint(paths), precision=precision,
-        compile=bool(cfg.get("compile", False)))
+        compile=bool(cfg.get("compile", False)), speed=speed)
 
 
 def schedule_in_force(cfg: DictConfig) -> str:
@@ -166,6 +169,7 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
     if cfg.precision == "fp16" and device != "cuda":
         raise ConfigError("precision=fp16 needs a GPU: use precision=fp32 or bf16 on CPU")
     placement, norm = model_scheme(cfg)
+    autocast = device == "cuda" and Speed.of(cfg).half == "autocast"
     flags: dict[str, Any] = dict(
         task="translation", source_lang=cfg.dataset.src, target_lang=cfg.dataset.tgt,
         arch=scale.arch, share_all_embeddings=True,
@@ -180,9 +184,11 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
         lr_scheduler="lnexp", schedule=sched.name, warmup_updates=int(cfg.warmup),
         max_tokens=int(scale.max_tokens), update_freq=int(scale.update_freq),
         max_epoch=int(cfg.max_epoch), seed=int(cfg.seed),
-        cpu=device == "cpu", fp16=cfg.precision == "fp16",
-        # bf16 on CPU is lnexp's autocast (lnexp.train.precision), not fairseq's whole-model cast
-        bf16=cfg.precision == "bf16" and device == "cuda",
+        cpu=device == "cpu", fp16=cfg.precision == "fp16" and not autocast,
+        # bf16 on CPU is lnexp's autocast (lnexp.train.precision), not fairseq's whole-model cast;
+        # so is bf16 on a GPU with speed.half=autocast, and fp16 there is fairseq's --amp
+        bf16=cfg.precision == "bf16" and device == "cuda" and not autocast,
+        amp=cfg.precision == "fp16" and autocast,
         num_workers=0, required_batch_size_multiple=1,
     )
     flags.update(distributed_flags(cfg, device))

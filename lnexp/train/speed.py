@@ -1,0 +1,94 @@
+"""configs/train.yaml's ``speed`` group: how an update runs on the hardware (issue 44).
+
+Each setting has a default that keeps today's numbers, and where it cannot apply the run goes on
+without it and says why in one log line (docs/performance.md "The GPU step"):
+
+- ``syncs``: ``fewer`` (default) logs fairseq's meters without reading them back to the host and
+  reads lnexp's statistics in one transfer (``fairseq_adapter.train_step``); bit-equal numbers.
+- ``adam``: ``fairseq`` (default), or torch's ``foreach``/``fused`` AdamW kernels with fairseq's
+  arithmetic (lnexp.optim.TorchKernelAdam), equal up to rounding.
+- ``half``: ``cast`` (default: fairseq's ``--bf16``/``--fp16``, the whole model cast) or
+  ``autocast`` (fp32 weights, ``torch.autocast`` around forward and loss) for half precision on a
+  GPU (lnexp.train.precision).
+- ``compile_mode`` and ``buckets``: for ``compile=true`` (lnexp.train.compiling); CUDA graphs
+  (``reduce-overhead``) replay one graph per batch shape, so the buckets pad batches to a few.
+- ``gpu_threads``: torch's CPU threads in a GPU run (``threads`` otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lnexp import fairseq_adapter as fa
+
+log = logging.getLogger("lnexp.train")
+
+
+@dataclass(frozen=True)
+class Speed:
+    """The speed group of a run's config, read once."""
+
+    syncs: str = "fewer"
+    adam: str = "fairseq"
+    half: str = "cast"
+    compile_mode: str = "default"
+    buckets: tuple[int, ...] = ()
+    gpu_threads: int = 0
+
+    @classmethod
+    def of(cls, cfg: Any) -> Speed:
+        """The settings of ``cfg`` (lnexp's config); the defaults where it has no speed group."""
+        s = cfg.get("speed") or {}
+        d = cls()
+        return cls(syncs=str(s.get("syncs", d.syncs)), adam=str(s.get("adam", d.adam)),
+                   half=str(s.get("half", d.half)),
+                   compile_mode=str(s.get("compile_mode", d.compile_mode)),
+                   buckets=tuple(sorted({int(b) for b in s.get("buckets") or ()})),
+                   gpu_threads=int(s.get("gpu_threads", d.gpu_threads)))
+
+
+def threads(cfg: Any) -> int:
+    """The torch threads a run asks for: ``speed.gpu_threads`` when it trains on a GPU and sets
+    it, else ``threads`` (0: a fair share of the cores, lnexp.runtime.sharing)."""
+    gpu = Speed.of(cfg).gpu_threads
+    if gpu and str(cfg.get("device", "auto")) != "cpu":
+        import torch
+
+        if torch.cuda.is_available():
+            return gpu
+    return int(cfg.threads)
+
+
+Step = Callable[[Any, list], "dict[str, Any] | None"]
+
+
+def make_step(trainer, model, speed: Speed, device: str, compile_layers: bool,
+              max_tokens: int) -> Step:
+    """The run's update function ``step(trainer, samples)``: fairseq's update
+    (``fairseq_adapter.train_step``) with the speed settings applied; the Adam kernels are swapped
+    here, so call it once the checkpoint is loaded."""
+    if speed.adam != "fairseq":
+        why = fa.use_torch_adam(trainer, speed.adam)
+        if why is None:
+            log.info("speed.adam=%s: Adam steps with torch's %s kernels (fairseq's arithmetic)",
+                     speed.adam, speed.adam)
+        else:
+            log.warning("speed.adam=%s not applied (%s): fairseq's Adam steps", speed.adam, why)
+    step: Step = functools.partial(fa.train_step, fewer_syncs=speed.syncs == "fewer")
+    if compile_layers:  # falls back to the eager layers, saying why, if compiling fails
+        from lnexp.train.compiling import CompiledLayers
+
+        step = CompiledLayers(model, speed.compile_mode, device, len(speed.buckets), step).step
+    if speed.buckets:
+        from lnexp.train.compiling import Buckets
+
+        buckets = Buckets(speed.buckets, max_tokens, trainer.task)
+        inner = step
+
+        def step(trainer, samples):  # noqa: F811 (the bucketed update)
+            return inner(trainer, [buckets.pad(s) for s in samples])
+    return step
