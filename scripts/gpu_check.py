@@ -42,7 +42,7 @@ NAN = float("nan")
 
 
 def first_update_norms(store: dict):
-    """``on_first`` for LnexpTrainer.run: the per-layer FFN gradient norms track_norms reads."""
+    """``on_first`` for Timed.run: the per-layer FFN gradient norms track_norms reads."""
     def record(run, step) -> None:
         from lnexp import fairseq_adapter as fa
         from lnexp.train.norm_tracking import ffn_grad_norms
@@ -117,7 +117,7 @@ def main() -> None:
             continue
         res, norms = {}, {}
         for kind in ("stock", "lnexp"):
-            run = B.LnexpTrainer([*over, f"precision={precision}"], stock=kind == "stock")
+            run = B.Timed([*over, f"precision={precision}"], stock=kind == "stock")
             res[kind] = run.run(args.warmup, args.updates, count_flops=int(kind == "lnexp"),
                                 on_first=first_update_norms(norms) if kind == "lnexp" else None)
             res[kind]["params"] = run.params()
