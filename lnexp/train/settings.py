@@ -16,7 +16,6 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -25,7 +24,7 @@ from lnexp import fairseq_adapter as fa
 from lnexp.errors import ConfigError
 from lnexp.names import ARCH_SIZES, arch_flags
 from lnexp.runtime.host import resolve_device
-from lnexp.scheme import Norm, Placement, placement_of
+from lnexp.scheme import Norm, Placement, named_placement
 from lnexp.train.precision import Precision
 from lnexp.train.precision import resolve as resolve_precision
 
@@ -299,7 +298,7 @@ def stock_flags(flags: dict[str, Any]) -> dict[str, Any] | None:
     dt=1, inverse_sqrt, W>0)."""
     name = flags["placement"]
     if name not in ("post_ln", "pre_ln") or flags["optimizer"] == "radam" \
-            or flags["placement_spec"] != placement_of(SimpleNamespace(placement=name)).to_json() \
+            or flags["placement_spec"] != named_placement(name).to_json() \
             or not _is_stock_norm(Norm.from_config(json.loads(flags["norm_spec"]))) \
             or flags["residual_scale"] != 1.0:
         return None
