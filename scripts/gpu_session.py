@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 # seconds per part, from the H200 session of 2026-12-04 (the module's docstring): 540 s in all
 BUDGETS = {"install": 30, "gpu_tests": 90, "precision": 130, "sharing": 130, "fig2": 140,
            "fig2_figure": 20}
+FIG2_EPOCHS = 4  # ~25 s each with four runs side by side on the H200, ~15 s to start: 115 s of 140
 TINY_SLACK = 4  # --tiny on a few busy CPU cores: the GPU budgets x4 (2 cores, load 6: 226 s in all)
 TINY = ["scale.arch=ln_transformer_mini", "depth.encoder_layers=2", "depth.decoder_layers=2",
         "scale.max_tokens=512", "max_update=3", "eval.subset=4"]
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wheels", type=Path, default=None, help="wheelhouse to install from (make wheelhouse)")
     p.add_argument("--work", type=Path, default=Path("/tmp/lnexp-gpu-session"),
                    help="venv, data cache and runs with their checkpoints (only small files go to OUT)")
-    p.add_argument("--fig2-epochs", type=int, default=4,
-                   help="epochs of each Fig. 2 run (default 4: ~25 s each with four runs on an H200)")
+    p.add_argument("--fig2-epochs", type=int, default=FIG2_EPOCHS,
+                   help=f"epochs of each Fig. 2 run (default {FIG2_EPOCHS}: ~25 s each with four runs "
+                        "on an H200)")
     p.add_argument("--tiny", action="store_true", help="CPU: every part with a tiny model")
     p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (tests: a small corpus)")
     p.add_argument("--vocab-size", type=int, default=None)

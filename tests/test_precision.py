@@ -147,6 +147,7 @@ def test_fp16_overflow_in_a_run_is_logged_and_the_run_goes_on(small_multi30k, tm
         return task, model, criterion, trainer
 
     monkeypatch.setattr(settings, "fairseq_flags", fp16_flags)
+    monkeypatch.setattr(settings, "_LAUNCH", {})  # decided here with fp16_flags, forgotten after
     monkeypatch.setattr(fa, "build_trainer", with_inf_at_third_backward)
     cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, "max_epoch=1", "max_update=5",
                           "eval.subset=10", "divergence.plateau_epoch=99"])

@@ -48,6 +48,7 @@ def test_the_config_is_resolved_once_per_session(tiny_cfg, monkeypatch, tmp_path
     from lnexp.train.session import Session
 
     calls = {"resolve": 0, "flags": 0, "precision": 0, "placement": 0}
+    monkeypatch.setattr(settings, "_LAUNCH", {})  # this launch's decisions: none yet
 
     def counted(name, f):
         def run(*args, **kwargs):
@@ -70,6 +71,13 @@ def test_the_config_is_resolved_once_per_session(tiny_cfg, monkeypatch, tmp_path
     assert run.setup.stock_command.startswith("fairseq-train ")
     assert run.setup.resolved.placement.name == "pre_ln" and run.setup.precision.name == "fp32"
     assert run.setup.fairseq.flags["placement_spec"] == run.setup.resolved.placement.to_json()
+    # lnexp train's check before Hydra and the job's session: one decision for the launch
+    from lnexp.train.run import check_overrides
+
+    monkeypatch.setattr(settings, "_LAUNCH", {})
+    check_overrides([f"dataset.dir={cfg.dataset.dir}", *TINY])
+    Session.build(tiny_cfg(), tmp_path / "run2")
+    assert (calls["resolve"], calls["flags"], calls["precision"]) == (2, 2, 2)
 
 
 def test_benchmarks_time_the_updates_lnexp_train_makes(tiny_cfg, small_multi30k, tmp_path,

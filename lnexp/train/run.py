@@ -64,7 +64,7 @@ def check_overrides(argv: list[str]) -> Path:
             config.validate(cfg)
             check_available(cfg.dataset)
             # device, precision (bf16's CPU self-check), placement and norm fit this machine
-            settings.fairseq_flags(cfg, 1, resolved=settings.resolve(cfg))
+            settings.launch_flags(cfg)
     return Path(cfg.runs_root)
 
 

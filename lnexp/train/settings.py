@@ -62,6 +62,21 @@ def resolve(cfg: DictConfig, device: str | None = None) -> Resolved:
     return Resolved(device, resolve_precision(str(cfg.precision), device), placement, norm)
 
 
+_LAUNCH: dict[str, tuple[Resolved, dict[str, Any]]] = {}
+
+
+def launch_flags(cfg: DictConfig) -> tuple[Resolved, dict[str, Any]]:
+    """``resolve(cfg)`` and its fairseq flags, once per launch: ``lnexp train`` checks each config
+    before Hydra starts (lnexp.train.run.check_overrides) and the job's session then takes the
+    same decision and flags (a copy) instead of making them again."""
+    key = OmegaConf.to_yaml(cfg)
+    if key not in _LAUNCH:
+        r = resolve(cfg)
+        _LAUNCH[key] = (r, fairseq_flags(cfg, 1, r.device, r))
+    r, flags = _LAUNCH[key]
+    return r, dict(flags)
+
+
 def fairseq_config(cfg: DictConfig, device: str = "cpu", updates_per_epoch: int | None = None,
                    resolved: Resolved | None = None, **replace: Any) -> FairseqSetup:
     """lnexp's config -> fairseq-train flags (``replace`` overrides some) -> fairseq's config, on
@@ -146,7 +161,10 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None,
     ``{"memory_efficient_fp16": True}``); ConfigError where the config has none."""
     from lnexp import rundir
 
-    r = resolved or resolve(cfg)
+    if resolved is None:
+        r, flags = launch_flags(cfg)
+    else:
+        r, flags = resolved, fairseq_flags(cfg, 1, resolved.device, resolved)
     values = dict(
         run_dir=run_dir, paths=paths, config=OmegaConf.to_container(cfg, resolve=True),
         device=r.device, schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
@@ -161,7 +179,6 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None,
         stop_on_plateau=bool(cfg.divergence.stop),
         track_every=int(cfg.track_every) if cfg.track_norms else 0)
     tokens_per_rank = int(cfg.scale.update_freq) * int(cfg.scale.max_tokens)
-    flags = fairseq_flags(cfg, 1, r.device, r)
     # (None for schedule=linear, and for CPU autocast: stock fairseq has no such path)
     stock_run = None if r.precision.autocast else stock_flags(flags)
     if stock is not None:
