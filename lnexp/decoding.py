@@ -1,7 +1,7 @@
 """Translating a split and scoring it: beam search in fairseq-generate's batches (``generate``),
 the text level back to plain text (``detokenizer``) and sacreBLEU (``BleuScorer``).
 
-Training's per-epoch BLEU (lnexp.train.validation) and ``lnexp evaluate`` / ``lnexp translate``
+Training's per-epoch BLEU (lnexp.train.rank0) and ``lnexp evaluate`` / ``lnexp translate``
 (lnexp.evaluation) both decode through here, so that the same beam, length penalty and batch size
 give the same hypotheses. BLEU is computed on detokenised text with sacreBLEU's default 13a
 tokenisation. For corpora kept Moses-tokenised and lowercased (IWSLT14/WMT14), the community's
