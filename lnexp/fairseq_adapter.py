@@ -160,44 +160,24 @@ def fresh_process_state() -> None:
         del checkpoint_utils.save_checkpoint.best
 
 
-def epoch_iterator(cfg, trainer, restore_file: Path | None, task=None):
-    """Where training starts: the last checkpoint if any (weights_only kept on), else, given the
-    task, the model as its scheme initialises it from data (Admin's profiling pass, before the
-    optimizer copies the weights); returns (extra_state, epoch_itr, what the pass set or None)."""
+def epoch_iterator(cfg, trainer, restore_file: Path | None):
+    """Where training starts: the last checkpoint if any (weights_only kept on), else the model as
+    it is (a fresh run's scheme init, Admin's profiling pass included, is done before: see
+    lnexp.train.session); returns (extra_state, epoch_itr)."""
     from fairseq import checkpoint_utils
 
     allow_fairseq_checkpoint_globals()
-    profiled = None
     if restore_file is not None and restore_file.is_file():
         cfg.checkpoint.restore_file = str(restore_file)
     else:
         cfg.checkpoint.restore_file = "/nonexistent/checkpoint.pt"
-        if task is not None:
-            profiled = _profile_fresh_model(cfg, task, trainer)
-    extra_state, epoch_itr = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
-    return extra_state, epoch_itr, profiled
+    return checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
 
 
-def _profile_fresh_model(cfg, task, trainer) -> dict[str, Any] | None:
-    """The scheme's profiling pass (its YAML's init.profile) on the first training batch, or None
-    for a scheme without one. Rank 0 profiles; fairseq's broadcast gives every rank its values."""
-    import torch
-    from fairseq.distributed import utils as du
-
-    from lnexp.model.admin import profile_init, set_gains
-    from lnexp.scheme import placement_of
-
-    if placement_of(cfg.model).init.profile is None:
-        return None
-    model = trainer.get_model()
-    record = None
-    if is_master(cfg):
-        sample = move_to(first_train_batch(cfg, task, model), trainer.device.type)
-        record = profile_init(model, sample["net_input"], int(cfg.common.seed))
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        record = du.broadcast_object(record, src_rank=0, group=du.get_global_group())
-    set_gains(model, record["omega"])
-    return record
+def first_batch_on_device(cfg, task, trainer):
+    """The first training batch (``first_train_batch``) on the trainer's device, for a profiling
+    pass at a fresh run's start."""
+    return move_to(first_train_batch(cfg, task, trainer.get_model()), trainer.device.type)
 
 
 def first_train_batch(cfg, task, model):
@@ -863,12 +843,21 @@ def build_criterion(cfg, task):
 # --- stock fairseq, for side-by-side benchmarks (scripts/bench_train.py) ------------------------
 
 
-def trainer_class():
-    """fairseq's ``Trainer`` class: the one both lnexp and stock fairseq-train update with (a
-    benchmark wraps its ``train_step`` to time every update of either)."""
+def wrap_train_step(wrapper) -> None:
+    """Route every update of fairseq's ``Trainer`` in this process, lnexp's and stock
+    fairseq-train's alike, through ``wrapper(original, trainer, samples, ...)`` (a benchmark
+    times each update of either entry point this way; it builds no trainer)."""
+    import functools
+
     from fairseq.trainer import Trainer
 
-    return Trainer
+    original = Trainer.train_step
+
+    @functools.wraps(original)
+    def train_step(self, samples, *args, **kwargs):
+        return wrapper(original, self, samples, *args, **kwargs)
+
+    Trainer.train_step = train_step
 
 
 def run_stock_train(argv: list[str]) -> None:

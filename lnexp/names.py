@@ -18,10 +18,13 @@ def option_files(group: str) -> list[Path]:
 
 
 PLACEMENTS = _FIRST + tuple(sorted(p.stem for p in option_files("placement") if p.stem not in _FIRST))
-# configs/norm/NAME.yaml, each a module of lnexp/model/norms.py, and its name in figures
+# the files of configs/norm/ (each a module of lnexp/model/norms.py): the atlas's first four in its
+# order, then every other file (a new configs/norm/NAME.yaml is listed without an edit here)
+_FIRST_NORMS = ("layernorm", "rmsnorm", "dyt", "scalenorm")
+NORMS = _FIRST_NORMS + tuple(sorted(p.stem for p in option_files("norm") if p.stem not in _FIRST_NORMS))
+# a norm's name in the figures (one not listed is shown by its file's name)
 NORM_LABELS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm", "dyt": "DyT", "scalenorm": "ScaleNorm",
                "derf": "Derf", "seednorm": "SeeDNorm"}
-NORMS = tuple(NORM_LABELS)
 SCHEDULES = ("inverse_sqrt", "constant", "step", "linear")
 # auto: bf16 autocast on a CPU with bf16 units whose self-check passes, else fp32 (lnexp/train/precision.py)
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")

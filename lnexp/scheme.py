@@ -342,11 +342,22 @@ class Placement:
         return cls(**data, init=Init(**init))
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+        text = json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+        _WRITTEN.setdefault(text, self)  # the model reading it back gets this very Placement
+        return text
 
     @classmethod
     def from_json(cls, text: str) -> Placement:
-        return _parsed(text)
+        return _WRITTEN.get(text) or _parsed(text)
+
+
+_WRITTEN: dict[str, Placement] = {}  # the Placements this process wrote as --placement-spec
+
+
+@lru_cache(maxsize=64)
+def named_placement(name: str) -> Placement:
+    """configs/placement/NAME.yaml as written (no switch overridden), read once per process."""
+    return Placement.from_config(group_file("placement", name))
 
 
 @lru_cache(maxsize=64)

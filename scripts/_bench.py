@@ -80,66 +80,55 @@ def flop_counter():
     return FlopCounterMode(display=False)
 
 
-class LnexpTrainer:
-    """lnexp's training path in-process: config -> fairseq flags -> Trainer, batches, updates.
+# stock fairseq's settings of each precision, the candidates for its fastest correct one (the
+# benchmarks time each and compare lnexp with the fastest whose updates stay finite: see
+# docs/performance.md "Stock fairseq's half precision"); fairseq's flags added to the stock run
+STOCK_SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
+    "fp32": {"fp32": {}},
+    "fp16": {"--fp16": {},
+             "--fp16 --memory-efficient-fp16": {"memory_efficient_fp16": True},
+             "--amp": {"fp16": False, "amp": True}},
+    "bf16": {"--bf16": {},
+             "--bf16 --memory-efficient-bf16": {"memory_efficient_bf16": True}},
+}
 
-    The same adapter calls as ``lnexp.train.loop.train_run`` (settings.fairseq_config,
-    fa.build_trainer, fa.epoch_iterator (with Admin's pass), fa.grouped,
-    fa.train_step), without its logging, so update time and evaluation time can be taken apart.
-    """
 
-    def __init__(self, overrides: list[str], stock: bool = False, compile_layers: bool = False,
+class Timed:
+    """A training session stepped and timed update by update: ``lnexp.train.session.Session``
+    (the path ``lnexp train`` builds, compiled layers and autocast included) with its step, so
+    that what the benchmarks time is the real training path; update time and evaluation time
+    can be taken apart."""
+
+    def __init__(self, overrides: list[str], stock: dict[str, Any] | bool | None = None,
                  dist=None) -> None:
-        """``stock``: build the same run as stock fairseq's ``transformer`` (settings.stock_flags).
-        ``compile_layers``: wrap every encoder/decoder layer in torch.compile (dynamic shapes); the
-        first updates then include compilation, so give them as untimed warm-up.
+        """``stock``: build stock fairseq's equivalent run instead (settings.stock_flags), with
+        these fairseq flags added (True: none, e.g. a STOCK_SETTINGS entry).
         ``dist``: this process is one rank of a data-parallel run (see ``data_parallel``)."""
         import torch
 
-        from lnexp import config
-        from lnexp import fairseq_adapter as fa
-        from lnexp.data.registry import load_for_training
-        from lnexp.train import settings
+        from lnexp.train.session import Session
 
-        self.cfg = cfg = config.compose(overrides)
+        self.cfg = cfg = compose_checked(overrides)
         if cfg.threads:
             torch.set_num_threads(int(cfg.threads))
-        self.data = load_for_training(cfg.dataset)
-        self.device = settings.resolve_device(cfg)
-        self.updates_per_epoch = fa.updates_per_epoch(
-            settings.fairseq_config(cfg, self.device, 1).config)
-        flags = settings.fairseq_flags(cfg, self.updates_per_epoch, self.device)
-        if stock:
-            flags = settings.stock_flags(flags)
-            if flags is None:
-                raise ValueError(f"{cfg.placement.name} has no stock fairseq equivalent")
-        flags.update(save_dir="/nonexistent/lnexp-bench", no_progress_bar=True,
-                     disable_validation=True, no_epoch_checkpoints=True)
-        self.flags = flags
-        self.fcfg = fa.fairseq_config(self.data.bin_dir, flags)
-        if dist is not None:
-            fa.adopt_distributed(self.fcfg, dist)
-        self.task, self.model, _, self.trainer = fa.build_trainer(self.fcfg)
-        from lnexp.train import precision, speed
-
-        settings_ = speed.Speed.of(cfg)
-        self.precision = precision.resolve(str(cfg.precision), self.device, half=settings_.half)
-        context = precision.forward_context(self.precision)
-        if context is not None:  # as lnexp.train.loop.Training does
-            fa.autocast_forward(self.trainer, context)
-        _, self.epoch_itr, _ = fa.epoch_iterator(self.fcfg, self.trainer, None, self.task)
-        # the update as lnexp.train.loop makes it (speed.*); stock fairseq's own update for --stock
-        self._update = fa.train_step if stock else speed.make_step(
-            self.trainer, self.model, settings_, self.device, False, int(self.fcfg.dataset.max_tokens))
-        if compile_layers:
-            torch._dynamo.config.recompile_limit = 64  # one code object, 12 layer instances
-            for layer in [*self.model.encoder.layers, *self.model.decoder.layers]:
-                layer.compile(dynamic=True)
+        extra = None if stock in (None, False) else ({} if stock is True else dict(stock))
+        self.session = run = Session.build(cfg, dist=dist, stock=extra)
+        self.task, self.model, self.trainer = run.task, run.model, run.trainer
+        self.epoch_itr, self.fcfg, self.device = run.epoch_itr, run.fcfg, run.device
+        self.precision, self.data = run.setup.precision, run.setup.data
+        self.flags = run.setup.fairseq.flags
+        self._update = run.step
         self._itr = None
         self._sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
 
+    @property
+    def updates_per_epoch(self) -> int:
+        from lnexp import fairseq_adapter as fa
+
+        return fa.updates_per_epoch(self.fcfg)
+
     def params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        return self.session.params()
 
     def _next(self):
         from lnexp import fairseq_adapter as fa
@@ -154,18 +143,21 @@ class LnexpTrainer:
             except StopIteration:
                 self._itr = None
 
+    def update(self, samples):
+        """One update of the session's step (``lnexp train``'s): fairseq's statistics or None."""
+        return self._update(self.trainer, samples)
+
     def step(self, count_flops: bool = False) -> tuple[float, float, float]:
         """One update, batch fetch included: (seconds, target tokens, FLOPs if counted else 0)."""
-
         self._sync()
         t = time.perf_counter()
         samples = self._next()
         if count_flops:
             with flop_counter() as fc:
-                self._update(self.trainer, samples)
+                self.update(samples)
             flops = float(fc.get_total_flops())
         else:
-            self._update(self.trainer, samples)
+            self.update(samples)
             flops = 0.0
         self._sync()
         return time.perf_counter() - t, target_tokens(samples), flops
@@ -175,74 +167,130 @@ class LnexpTrainer:
         then ``updates`` timed ones: target tokens/s over the timed window (all ranks), FLOPs per
         token, fp16 overflows (skipped updates) and the final loss scale. ``on_first(self, step)``
         runs right after the first update (its gradients still there)."""
-        import torch
+        meter = Meter(self)
+        for i in range(max(warmup, 1)):
+            meter.warm(i < count_flops, on_first if i == 0 else None)
+        self._sync()
+        t0 = time.perf_counter()
+        for _ in range(updates):
+            meter.timed(sync=False)
+        self._sync()
+        meter.seconds = time.perf_counter() - t0  # the window, device time included
+        return meter.result()
 
+
+class Meter:
+    """Updates of one ``Timed`` run, counted: tokens, seconds, FLOPs, overflows, non-finite ones."""
+
+    def __init__(self, run: Timed) -> None:
+        self.run = run
+        self.flops = self.ftok = self.tokens = self.seconds = 0.0
+        self.overflows = self.updates = self.failed = 0
+        self.losses: list[float] = []
+
+    def warm(self, count_flops: bool = False, on_first=None) -> None:
+        """One untimed update (under FlopCounterMode if ``count_flops``)."""
+        samples = self.run._next()
+        if count_flops:
+            with flop_counter() as fc:
+                step = self.run.update(samples)
+            self.flops += fc.get_total_flops()
+            self.ftok += target_tokens(samples)
+        else:
+            step = self.run.update(samples)
+        if on_first is not None:
+            on_first(self.run, step)
+        self._count(step)
+
+    def timed(self, sync: bool = True) -> float:
+        """One timed update, device synchronised before and after (``sync=False``: the caller
+        times a window of them); its seconds."""
+        run = self.run
+        if sync:
+            run._sync()
+        t = time.perf_counter()
+        samples = run._next()
+        step = run.update(samples)
+        if sync:
+            run._sync()
+        dt = time.perf_counter() - t
+        self.seconds += dt
+        self.updates += 1
+        if step and not step.get("overflow"):
+            self.tokens += step["ntokens"]  # all ranks' target tokens (fairseq's wpb)
+        else:
+            self.tokens += target_tokens(samples) * run.trainer.data_parallel_world_size
+        self._count(step)
+        return dt
+
+    def _count(self, step) -> None:
+        if step is None:
+            self.failed += 1
+        elif step.get("overflow"):
+            self.overflows += 1
+        else:
+            self.losses.append(float(step["loss"]))
+
+    @property
+    def correct(self) -> bool:
+        """Every update finite, and at most a quarter of them skipped by the fp16 loss scaler."""
+        import math
+
+        n = len(self.losses) + self.overflows
+        return (not self.failed and bool(self.losses) and all(map(math.isfinite, self.losses))
+                and self.overflows <= max(1, n // 4))
+
+    def result(self) -> dict[str, Any]:
         from lnexp import fairseq_adapter as fa
 
-        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
-        flops = ftok = 0.0
-        overflows = 0
-        for i in range(max(warmup, 1)):
-            samples = self._next()
-            if i < count_flops:
-                with flop_counter() as fc:
-                    step = self._update(self.trainer, samples)
-                flops += fc.get_total_flops()
-                ftok += target_tokens(samples)
-            else:
-                step = self._update(self.trainer, samples)
-            if i == 0 and on_first is not None:
-                on_first(self, step)
-            overflows += bool(step and step.get("overflow"))
-        sync()
-        t0 = time.perf_counter()
-        tokens = 0.0
-        world = self.trainer.data_parallel_world_size
-        for _ in range(updates):
-            samples = self._next()
-            step = self._update(self.trainer, samples)
-            if step and not step.get("overflow"):
-                tokens += step["ntokens"]  # all ranks' target tokens (fairseq's wpb)
-            else:
-                tokens += target_tokens(samples) * world
-                overflows += bool(step)
-        sync()
-        dt = time.perf_counter() - t0
-        return {"tokens": tokens, "seconds": dt, "tok_s": tokens / dt, "s_per_update": dt / updates,
-                "flops_per_token": flops / ftok if ftok else float("nan"), "overflows": overflows,
-                "loss_scale": fa.loss_scale(self.trainer), "world_size": world}
+        dt = self.seconds
+        return {"tokens": self.tokens, "seconds": dt, "tok_s": self.tokens / dt if dt else float("nan"),
+                "s_per_update": dt / self.updates if self.updates else float("nan"),
+                "flops_per_token": self.flops / self.ftok if self.ftok else float("nan"),
+                "overflows": self.overflows, "failed": self.failed, "correct": self.correct,
+                "loss_scale": fa.loss_scale(self.run.trainer),
+                "world_size": self.run.trainer.data_parallel_world_size}
+
+
+def compose_checked(overrides: list[str]):
+    """lnexp's train config with these overrides, checked as ``lnexp train`` checks it."""
+    from lnexp import config
+
+    return config.compose(overrides)
 
 
 def data_parallel(overrides: list[str], warmup: int, updates: int, out: Path) -> dict[str, Any]:
-    """``LnexpTrainer.run`` in every rank of a data-parallel run (``distributed.world_size`` in
-    ``overrides``), started as ``lnexp train`` starts one (fairseq's infer_init_method and
-    call_main); rank 0's result, tokens counted over all ranks."""
+    """``Timed.run`` in every rank of a data-parallel run (``distributed.world_size`` in
+    ``overrides``), started as ``lnexp train`` starts one (lnexp.train.distributed.launch:
+    fairseq's infer_init_method and call_main); rank 0's result, tokens counted over all ranks."""
+    import functools
     import json
+    import tempfile
 
-    from lnexp import fairseq_adapter as fa
-    from lnexp.train import settings
+    from lnexp.train import distributed
 
-    cfg = compose(overrides)
-    device = settings.resolve_device(cfg)
-    fcfg = settings.fairseq_config(cfg, device, 1).config
-    if fa.infer_init_method(fcfg) is None:
+    cfg = compose_checked(overrides)
+    if int(cfg.distributed.world_size) < 2:
         raise ValueError("data_parallel needs distributed.world_size > 1")
     out.unlink(missing_ok=True)
-    fa.call_main(fcfg, _rank_run, overrides=overrides, warmup=warmup, updates=updates,
-                 out=str(out))
+    body = functools.partial(_rank_run, overrides=overrides, warmup=warmup, updates=updates,
+                             out=str(out))
+    with tempfile.TemporaryDirectory(prefix="lnexp-bench-dp-") as run_dir:
+        distributed.launch(cfg, Path(run_dir), body)
     return json.loads(out.read_text())
 
 
-def _rank_run(fcfg, overrides: list[str], warmup: int, updates: int, out: str, **_) -> None:
+def _rank_run(cfg, run_dir: Path, dist, overrides: list[str], warmup: int, updates: int,
+              out: str) -> dict[str, Any]:
+    """One rank of ``data_parallel`` (lnexp.train.distributed's body)."""
     import json
 
-    from lnexp import fairseq_adapter as fa
-
-    run = LnexpTrainer(overrides, dist=fcfg.distributed_training)
+    run = Timed(overrides, dist=dist)
     res = run.run(warmup, updates, count_flops=0)
-    if fa.is_master(run.fcfg):
+    if run.session.setup.master:
         res["params"] = run.params()
         Path(out).write_text(json.dumps(res))
+    return res
 
 
 def target_tokens(samples) -> float:

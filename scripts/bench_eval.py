@@ -46,7 +46,8 @@ def main() -> None:
 
     import torch
 
-    from lnexp.train.validation import BleuScorer, validation_loss
+    from lnexp.decoding import BleuScorer
+    from lnexp.train.validation import validation_loss
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -57,7 +58,7 @@ def main() -> None:
         args.warmup, args.updates = 1, min(args.updates, 3)
     settings = args.settings or ("1:256:0,5:64:20" if args.quick else DEFAULT_SETTINGS)
     print(B.machine_line())
-    run = B.LnexpTrainer(over)
+    run = B.Timed(over)
     cfg = run.cfg
     train = run.run(args.warmup, args.updates, count_flops=0)
     if args.checkpoint:

@@ -47,11 +47,11 @@ RATIOS = [  # (label, numerator run, denominator run, target)
     ("compiled/eager pre_ln", ("compiled", "pre_ln"), ("lnexp", "pre_ln"), None),
 ]
 # fast paths against the default fp32 lnexp run (--fast): run kind -> extra overrides, compiled?
-FAST = {"bf16": (["precision=bf16"], False), "compiled": ([], True),
-        "bf16+compiled": (["precision=bf16"], True),
+FAST = {"bf16": ["precision=bf16"], "compiled": ["compile=true"],
+        "bf16+compiled": ["precision=bf16", "compile=true"],
         # issue 44's speed settings, each against the default run (speed.syncs=fewer, fairseq's Adam)
-        "syncs_every": (["speed.syncs=every"], False), "adam_foreach": (["speed.adam=foreach"], False),
-        "adam_fused": (["speed.adam=fused"], False)}
+        "syncs_every": ["speed.syncs=every"], "adam_foreach": ["speed.adam=foreach"],
+        "adam_fused": ["speed.adam=fused"]}
 KINDS = ("stock", "lnexp", *FAST)
 # every other scheme against Pre-LN (lnexp both): a scheme under this ratio at the IWSLT size says
 # where its time goes (#19; docs/performance.md)
@@ -70,13 +70,10 @@ def child(kind: str, spec_path: str) -> None:
     torch.set_num_threads(int(spec["threads"]))
     from lnexp import fairseq_adapter as fa
 
-    Trainer = fa.trainer_class()
-
     warmup, updates = int(spec["warmup"]), int(spec["updates"])
     total = warmup + updates
     rec: list[tuple[float, float]] = []
     flops: list[tuple[float, float]] = []
-    original = Trainer.train_step
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
     def finish(trainer) -> None:
@@ -95,7 +92,7 @@ def child(kind: str, spec_path: str) -> None:
                 out["checkpoint_s"] = time.perf_counter() - t0
         Path(spec["out"]).write_text(json.dumps(out))
 
-    def timed_step(self, samples, *args, **kwargs):
+    def timed_step(original, self, samples, *args, **kwargs):
         ntok = B.target_tokens(samples)
         if not rec:  # the first update (untimed): model FLOPs of one training step
             with B.flop_counter() as fc:
@@ -112,7 +109,7 @@ def child(kind: str, spec_path: str) -> None:
                 os._exit(0)
         return result
 
-    Trainer.train_step = timed_step
+    fa.wrap_train_step(timed_step)  # fairseq's Trainer.train_step, in both entry points
     if kind == "stock":
         fa.run_stock_train(spec["argv"])
     else:
@@ -237,7 +234,7 @@ def main() -> None:
                              with_stock=not args.no_stock)
             if args.interleaved:
                 for f in fast:
-                    runs += [(f, p, [*argv, *FAST[f][0]]) for kind, p, argv in runs if kind == "lnexp"]
+                    runs += [(f, p, [*argv, *FAST[f]]) for kind, p, argv in runs if kind == "lnexp"]
                 results.update(interleaved(model, runs, warmup, updates))
                 continue
             for rep in range(args.reps):
@@ -285,9 +282,8 @@ def _runs_for(model: str, placements: list[str], extra: list[str], total: int, w
 def interleaved(model: str, runs, warmup: int, updates: int) -> dict:
     """All runs' trainers in this process, one update of each in turn (order reversed every other
     round); every timed round is one paired sample. Same seed and data: the same batches."""
-    trainers = [(kind, placement, B.LnexpTrainer(argv if kind != "stock" else _lnexp_argv(runs, placement),
-                                                 stock=kind == "stock",
-                                                 compile_layers=kind in FAST and FAST[kind][1]))
+    trainers = [(kind, placement, B.Timed(argv if kind != "stock" else _lnexp_argv(runs, placement),
+                                          stock=kind == "stock"))
                 for kind, placement, argv in runs]
     for kind, placement, tr in trainers:
         print(f"  {model} {placement} {kind}: precision {tr.precision.why}", file=sys.stderr, flush=True)

@@ -9,10 +9,14 @@ yet timed on one: --tiny takes about a minute on 2 busy CPU cores).
     python scripts/gpu_check.py --updates 50 --max-tokens 8192
     python scripts/gpu_check.py --tiny           # CPU: 2+2-layer mini model, fp32, 2 gloo workers
 
-Per precision, stock fairseq's ``transformer`` (settings.stock_flags) and lnexp's Pre-LN model are
-built in-process through lnexp's training path (config -> fairseq flags -> Trainer; the adapter
-calls of lnexp.train.loop), run ``--warmup`` untimed updates (lnexp's first under torch's
-FlopCounterMode) and ``--updates`` timed ones (device synchronised). Columns:
+Per precision, lnexp's Pre-LN model and stock fairseq's ``transformer`` (settings.stock_flags) in
+each of stock's settings of that precision (scripts/_bench.py STOCK_SETTINGS: fp16 as --fp16,
+--fp16 --memory-efficient-fp16 and --amp; bf16 as --bf16 and --bf16 --memory-efficient-bf16) are
+built in-process through lnexp's training session (lnexp.train.session.Session, what ``lnexp train``
+builds), run ``--warmup`` untimed updates each (lnexp's first under torch's FlopCounterMode), then
+``--updates`` timed rounds of one update of each run, the order reversed every other round (device
+synchronised around each). lnexp is compared with stock's fastest correct setting (every update
+finite, at most a quarter skipped by the fp16 loss scaler), named in ``stock setting``. Columns:
 
 - ``overflows``: fp16 updates fairseq skipped (loss scale lowered), lnexp / stock, with lnexp's
   final loss scale;
@@ -42,7 +46,7 @@ NAN = float("nan")
 
 
 def first_update_norms(store: dict):
-    """``on_first`` for LnexpTrainer.run: the per-layer FFN gradient norms track_norms reads."""
+    """``on_first`` for Timed.run: the per-layer FFN gradient norms track_norms reads."""
     def record(run, step) -> None:
         from lnexp import fairseq_adapter as fa
         from lnexp.train.norm_tracking import ffn_grad_norms
@@ -50,6 +54,38 @@ def first_update_norms(store: dict):
         if step and not step.get("overflow"):  # an fp16 overflow leaves no gradients: nan
             store.update(ffn_grad_norms(run.model, fa.stepped_grads(run.trainer)))
     return record
+
+
+def interleaved(runs: dict, warmup: int, updates: int, on_first) -> dict[str, dict]:
+    """Every run's ``warmup`` untimed updates (lnexp's first under FlopCounterMode, ``on_first``
+    after it), then ``updates`` timed rounds of one update each, the order reversed every other
+    round. All runs have the same seed and data, so they meet the same batch shapes: run one
+    after another, the first would pay every new shape's first-use cost (kernel loading, plans)
+    and the second none, which is how stock fairseq's half precision came out at a quarter of its
+    fp32 on the H200 (docs/performance.md); round for round they share it."""
+    meters = {k: B.Meter(r) for k, r in runs.items()}
+    for i in range(max(warmup, 1)):
+        for k, m in meters.items():
+            m.warm(count_flops=i == 0 and k == "lnexp", on_first=on_first if i == 0 and k == "lnexp"
+                   else None)
+    order = list(meters.values())
+    for i in range(updates):
+        for m in order if i % 2 == 0 else order[::-1]:
+            m.timed()
+    out = {}
+    for k, m in meters.items():
+        out[k] = m.result()
+        out[k]["params"] = m.run.params()
+    return out
+
+
+def fastest_correct(results: dict[str, dict]) -> tuple[str, dict]:
+    """Stock fairseq's fastest setting whose updates stayed finite (B.Meter.correct); if none
+    did, the fastest, named so."""
+    correct = {k: v for k, v in results.items() if v["correct"]}
+    pool = correct or results
+    label = max(pool, key=lambda k: pool[k]["tok_s"])
+    return (label if correct else f"{label} (none correct)"), pool[label]
 
 
 def max_rel_diff(a: dict, ref: dict) -> float:
@@ -100,7 +136,8 @@ def main() -> None:
     n = 8192 if cuda else 2048
     rows, single, ref_norms, peaks = [], {}, {}, {}
     headers = ["precision", "world", "model", "lnexp tok/s", "stock tok/s", "lnexp/stock",
-               "overflows l/s", "loss scale", "gnorm vs fp32", "of peak"]
+               "overflows l/s", "loss scale", "gnorm vs fp32", "of peak", "stock setting",
+               "stock settings tok/s"]
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": B.machine_line().lstrip("# "),
             "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
             "cuda": torch.version.cuda, "model": args.model, "warmup": args.warmup,
@@ -112,21 +149,21 @@ def main() -> None:
 
     for precision in [x.strip() for x in args.precisions.split(",") if x.strip()]:
         if precision != "fp32" and not cuda:
-            rows.append([precision, 1, "skipped: needs a GPU"] + [NAN] * 7)
+            rows.append([precision, 1, "skipped: needs a GPU"] + [NAN] * 7 + ["", ""])
             save()
             continue
         res, norms = {}, {}
-        for kind in ("stock", "lnexp"):
-            run = B.LnexpTrainer([*over, f"precision={precision}"], stock=kind == "stock")
-            res[kind] = run.run(args.warmup, args.updates, count_flops=int(kind == "lnexp"),
-                                on_first=first_update_norms(norms) if kind == "lnexp" else None)
-            res[kind]["params"] = run.params()
-            del run
-            if cuda:
-                torch.cuda.empty_cache()
+        runs = {"lnexp": B.Timed([*over, f"precision={precision}"])}
+        for label, extra in B.STOCK_SETTINGS[precision].items():
+            runs[label] = B.Timed([*over, f"precision={precision}"], stock=extra)
+        res = interleaved(runs, args.warmup, args.updates, first_update_norms(norms))
+        del runs
+        if cuda:
+            torch.cuda.empty_cache()
         if precision == "fp32":
             ref_norms = dict(norms)
-        mine, stock = res["lnexp"], res["stock"]
+        mine = res.pop("lnexp")
+        label, stock = fastest_correct(res)
         single[precision] = mine["tok_s"]
         peak = peaks[precision] = B.matmul_peak(n, DTYPES[precision], device)
         rows.append([precision, 1, f"{mine['params'] / 1e6:.1f}M params", mine["tok_s"],
@@ -134,14 +171,17 @@ def main() -> None:
                      f"{mine['overflows']}/{stock['overflows']}",
                      NAN if mine["loss_scale"] is None else mine["loss_scale"],
                      max_rel_diff(norms, ref_norms) if precision != "fp32" else 0.0,
-                     mine["tok_s"] * mine["flops_per_token"] / peak])
+                     mine["tok_s"] * mine["flops_per_token"] / peak, label,
+                     "; ".join(f"{k} {v['tok_s']:,.0f}" + ("" if v["correct"] else " (not correct)")
+                               for k, v in res.items())])
+        print(f"# {precision}: stock fairseq's fastest correct setting: {label}", flush=True)
         save()
     if world >= 2:
         with tempfile.TemporaryDirectory() as tmp:
             dp = B.data_parallel([*over, "precision=fp32", f"distributed.world_size={world}"],
                                  args.warmup, args.updates, Path(tmp) / "rank0.json")
         rows.append([f"fp32 x {world}", dp["world_size"], "lnexp data-parallel", dp["tok_s"], NAN,
-                     NAN, f"{dp['overflows']}/-", NAN, NAN, NAN])
+                     NAN, f"{dp['overflows']}/-", NAN, NAN, NAN, "", ""])
         scaling = dp["tok_s"] / (world * single["fp32"]) if single.get("fp32") else NAN
         note = f"; x {world}: scaling {scaling:.2f} of {world} x the 1-process fp32 tok/s"
     else:

@@ -35,19 +35,17 @@ def worker(overrides: list[str], warmup: int, updates: int, barrier, results) ->
     """One run: set up and warm up, wait for the others, then the timed updates."""
     import torch
 
-    from lnexp import fairseq_adapter as fa
-
     try:
-        run = B.LnexpTrainer(overrides)
+        run = B.Timed(overrides)
         for _ in range(max(warmup, 1)):
-            fa.train_step(run.trainer, run._next())
+            run.update(run._next())
         run._sync()
         barrier.wait()
         t0 = time.time()
         tokens = 0.0
         for _ in range(updates):
             samples = run._next()
-            fa.train_step(run.trainer, samples)
+            run.update(samples)
             tokens += B.target_tokens(samples)
         run._sync()
         mem = torch.cuda.max_memory_allocated() / 2**30 if run.device == "cuda" else NAN

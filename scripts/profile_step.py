@@ -24,9 +24,10 @@ included) to the trainer ready; ``--updates`` updates are split by wall clock in
 fairseq's update, then extrapolated to the cell's max_update; last, the cell's evaluation. No
 profiler runs in this mode, so the phases add up to the update's wall time.
 
-Builds lnexp's training path in-process (scripts/_bench.LnexpTrainer), runs ``--warmup`` untimed
-updates, times ``--updates`` updates without the profiler, then profiles the same number with
-``torch.profiler`` (input shapes recorded). Each aten operator's self time goes to one category
+Builds lnexp's training path in-process (scripts/_bench.Timed over lnexp.train.session.Session),
+runs ``--warmup`` untimed updates, times ``--updates`` updates without the profiler, then
+profiles the same number with ``torch.profiler`` (input shapes recorded). Each aten operator's
+self time goes to one category
 (matrix multiply, attention, dropout RNG, softmax + loss, LayerNorm, optimizer, other). The matrix
 multiplies' FLOPs come from their recorded shapes, so the table also gives the rate the matmul
 kernels reach *inside the model* against the measured peak (fp32 2048x2048, same threads, before
@@ -73,7 +74,7 @@ def matmul_flops(key: str, shapes: list) -> float:
     return 2.0 * a[0] * a[1] * b[1]
 
 
-def profile(trainer: B.LnexpTrainer, updates: int):
+def profile(trainer: B.Timed, updates: int):
     """Per update: self seconds per category, matmul FLOPs, seconds under Optimizer.step, wall
     seconds (profiler overhead included)."""
     from torch.profiler import ProfilerActivity
@@ -97,7 +98,7 @@ def profile(trainer: B.LnexpTrainer, updates: int):
             wall / updates)
 
 
-def host_syncs(trainer: B.LnexpTrainer, updates: int) -> None:
+def host_syncs(trainer: B.Timed, updates: int) -> None:
     """The --syncs tables (see the module's docstring)."""
     import collections
     import traceback
@@ -141,7 +142,7 @@ def host_syncs(trainer: B.LnexpTrainer, updates: int) -> None:
     with Count():
         for _ in range(updates):
             samples = trainer._next()
-            trainer._update(trainer.trainer, samples)
+            trainer.update(samples)
     rows = [[f"{n / updates:.1f}", loc, kind, line] for (loc, line, kind), n in where.most_common()]
     print(f"# host reads per update ({sum(where.values()) / updates:.1f} in all), by the line "
           "that asks")
@@ -156,15 +157,16 @@ def cell(args) -> None:
     import torch
 
     from lnexp import fairseq_adapter as fa
+    from lnexp.decoding import BleuScorer
     from lnexp.train.norm_tracking import NormTracker
-    from lnexp.train.validation import BleuScorer, validation_loss
+    from lnexp.train.validation import validation_loss
 
     over = ["experiment=atlas_mini", f"placement={args.placement}", f"precision={args.precision}",
             "seed=1", *B.data_overrides(args)]
     if args.quick:
         over += B.QUICK_OVERRIDES + ["eval.subset=5"]
         args.warmup, args.updates = 1, min(args.updates, 2)
-    run = B.LnexpTrainer(over)
+    run = B.Timed(over)
     startup = time.perf_counter() - T0
     cfg = run.cfg
     print(B.machine_line())
@@ -181,7 +183,7 @@ def cell(args) -> None:
             t = clock()
             samples = run._next()
             data += clock() - t
-            fa.train_step(run.trainer, samples)
+            run.update(samples)
             t1 = clock()
             if tracker is not None:
                 tracker.after_update(args.warmup + i + 1)
@@ -258,7 +260,7 @@ def main() -> None:
         args.warmup, args.updates = 1, min(args.updates, 2)
     print(B.machine_line())
     if args.syncs:
-        trainer = B.LnexpTrainer(over, stock=args.stock)
+        trainer = B.Timed(over, stock=args.stock)
         for _ in range(args.warmup):
             trainer.step()
         print(f"# {'stock fairseq' if args.stock else 'lnexp'}, model {args.model}, {args.placement}, "
@@ -266,7 +268,7 @@ def main() -> None:
         host_syncs(trainer, args.updates)
         return
     peak0 = B.matmul_peak(2048, "float32")
-    trainer = B.LnexpTrainer(over, stock=args.stock)
+    trainer = B.Timed(over, stock=args.stock)
     res = trainer.run(args.warmup, args.updates, count_flops=1)
     cats, mm_flops, optimizer_s, profiled_s = profile(trainer, args.updates)
     peak = max(peak0, B.matmul_peak(2048, "float32"))

@@ -343,8 +343,8 @@ def test_every_source_sentence_gets_its_hypothesis(tiny_model):
     and translated once (greedy); fairseq's stock batching (multiple of 8) is refused, not scored."""
     from lnexp import fairseq_adapter as fa
     from lnexp.data.text import read_lines
+    from lnexp.decoding import MissingHypotheses, generate
     from lnexp.evaluation.inputs import encoder, text_level
-    from lnexp.train.validation import MissingHypotheses, generate
 
     run, model, task = tiny_model
     encode = encoder(run.data)

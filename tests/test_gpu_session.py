@@ -49,6 +49,7 @@ def test_gpu_session_tiny_runs_every_part_and_writes_its_files(tmp_path, small_m
     ratio = float(fp32["lnexp tok/s"]) / float(fp32["stock tok/s"])
     assert float(fp32["lnexp/stock"]) == pytest.approx(ratio)
     assert fp32["overflows l/s"] == "0/0" and float(fp32["gnorm vs fp32"]) == 0.0
+    assert fp32["stock setting"] == "fp32" and fp32["stock settings tok/s"].startswith("fp32 ")
     assert "needs a GPU" in check["bf16"]["model"] and "needs a GPU" in check["fp16"]["model"]
     assert check["fp32 x 2"]["world"] == "2" and positive(check["fp32 x 2"]["lnexp tok/s"])
     assert json.loads((out / "gpu_check.json").read_text())["device"] == "cpu"
@@ -64,3 +65,20 @@ def test_gpu_session_tiny_runs_every_part_and_writes_its_files(tmp_path, small_m
 
     suite = ET.parse(out / "pytest_gpu.xml").getroot().find("testsuite")
     assert int(suite.get("skipped")) == int(suite.get("tests")) > 0  # no GPU here: every test skips
+
+
+def test_the_session_fits_ten_minutes_of_a_fifteen_minute_window():
+    """The parts' budgets, sized from the first H200 session (2026-12-04): 540 s in all, each at
+    least what its part took there (install 12 s, the precision table 74 s, sharing 112 s), the GPU
+    tests beyond the 45 s their cold start overran, and Fig. 2's epochs (~25 s each with four runs
+    side by side, ~15 s to start) inside its budget."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import gpu_session
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    b = gpu_session.BUDGETS
+    assert sum(b.values()) <= 540
+    assert b["install"] > 12 and b["precision"] > 74 and b["sharing"] > 112 and b["gpu_tests"] > 45
+    epochs = gpu_session.FIG2_EPOCHS  # the default of --fig2-epochs: as many as fit, seeds kept
+    assert 15 + 25 * epochs + 20 <= b["fig2"]  # with 20 s for the last validation and BLEU

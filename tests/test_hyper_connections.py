@@ -30,10 +30,11 @@ SCHEMES = ("hyper_connections", "mhc")
 
 def build_with(task, placement: str, seed: int = 3, **keys):
     """The scheme's YAML with ``keys`` changed (streams, dynamic), N+M = 3+2 layers."""
+    from types import SimpleNamespace
+
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from lnexp.scheme import placement_of
-    from lnexp.train.settings import SimpleNamespace
 
     spec = replace(placement_of(SimpleNamespace(placement=placement)), **keys)
     torch.manual_seed(seed)
@@ -211,10 +212,11 @@ def test_at_init_mhc_with_one_stream_is_pre_ln_with_its_branches_scaled(tiny_tas
     """mHC's constraints move the init off Pre-LN: with n = 1, H_pre = sigmoid(1) (which LN(h)
     undoes up to its eps), H_res = 1 (the only 1 x 1 doubly-stochastic matrix), H_post =
     2 sigmoid(1): x <- x + 2 sigmoid(1) F(LN(x)), Pre-LN with the residual step dt = 2 sigmoid(1)."""
+    from types import SimpleNamespace
+
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from lnexp.scheme import placement_of
-    from lnexp.train.settings import SimpleNamespace
 
     torch.manual_seed(3)
     args = tiny_args("ln_transformer", placement="pre_ln", encoder_layers=ENC, decoder_layers=DEC,

@@ -21,10 +21,11 @@ LAYERS = 4  # Mix-LN: floor(0.25 * 4) = 1 Post-LN layer, then Pre-LN
 
 
 def build(task, placement: str, seed: int = 0, **over):
+    from types import SimpleNamespace
+
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from lnexp.scheme import Placement, placement_of
-    from lnexp.train.settings import SimpleNamespace
 
     # the path lnexp train takes: the YAML's structure as JSON in --placement-spec
     spec = placement_of(SimpleNamespace(placement=placement))
@@ -731,9 +732,9 @@ def test_kept_variants_are_the_earlier_networks():
     """b2t_noinit, rezero_per_sublayer and qk_layernorm are what b2t, rezero and qk_norm built
     before they became the authors' networks (old run folders' specs rebuild them too)."""
     from dataclasses import replace
+    from types import SimpleNamespace
 
     from lnexp.scheme import Init, placement_of
-    from lnexp.train.settings import SimpleNamespace
 
     def of(name):
         return placement_of(SimpleNamespace(placement=name))
@@ -793,11 +794,11 @@ def test_seednorm_beta0_is_a_finite_number(value):
 def test_qk_norm_is_a_switch_of_any_placement(tiny_task):
     """placement=NAME placement.qk_norm=true: one norm per head-projection, nothing else changes."""
     from dataclasses import replace
+    from types import SimpleNamespace
 
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from lnexp.scheme import placement_of
-    from lnexp.train.settings import SimpleNamespace
 
     spec = replace(placement_of(SimpleNamespace(placement="post_ln")), qk_norm=True)
     torch.manual_seed(0)
@@ -981,8 +982,9 @@ def test_probes_with_model_brings_the_placements_structure(tiny_task):
 
 
 def build_spec(placement: str) -> str:
+    from types import SimpleNamespace
+
     from lnexp.scheme import placement_of
-    from lnexp.train.settings import SimpleNamespace
 
     return placement_of(SimpleNamespace(placement=placement)).to_json()
 
@@ -1004,12 +1006,13 @@ def test_every_scheme_takes_an_update_at_the_papers_size(tiny_task, tiny_batch, 
     """The paper's IWSLT architecture (6+6 layers, d=512, FFN 1024, 4 heads; lnexp.names
     ARCH_SIZES), each scheme as lnexp train builds it (Admin profiled first), each norm in Pre-LN:
     a finite loss, gradients at the embeddings, and one SGD update that lowers the loss on its batch."""
+    from types import SimpleNamespace
+
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     from lnexp.model.admin import PROFILERS
     from lnexp.names import arch_flags
     from lnexp.scheme import placement_of
-    from lnexp.train.settings import SimpleNamespace
 
     spec = placement_of(SimpleNamespace(placement=placement))
     torch.manual_seed(0)

@@ -46,7 +46,7 @@ def parser(prog: str, description: str) -> ArgumentParser:
 
 def decoding(run: RunInfo, args: argparse.Namespace) -> tuple[int, float, int, str]:
     """(beam, lenpen, batch size, device) from the run and the command line, checked."""
-    from lnexp.train.settings import resolve_device
+    from lnexp.runtime.host import resolve_device
 
     beam = int(args.beam if args.beam is not None else run.setting("beam", "beam"))
     lenpen = float(args.lenpen if args.lenpen is not None else run.setting("lenpen", "lenpen"))
@@ -77,11 +77,11 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     import sacrebleu
 
     from lnexp import fairseq_adapter as fa
+    from lnexp.decoding import BleuScorer, generate
     from lnexp.evaluation import checkpoints
     from lnexp.evaluation.inputs import prepare_test_set
     from lnexp.rundir import write_json
     from lnexp.rundir import write_text as write_atomic
-    from lnexp.train.validation import BleuScorer, generate
 
     beam, lenpen, batch, device = decoding(run, args)
     ckpt = checkpoints.resolve(run.dir, args.checkpoint)

@@ -76,7 +76,7 @@ def mismatch(run_dir: Path, recorded: dict[str, Any], found: PreparedData) -> st
         return f"the run recorded {show} pairs, it holds {other}"
     ref = run_paths(run_dir)["hyps"] / "valid.ref"
     if ref.is_file():
-        from lnexp.train.validation import detokenizer
+        from lnexp.decoding import detokenizer
 
         wrote = ref.read_text(encoding="utf-8").splitlines()
         detok = detokenizer(found)

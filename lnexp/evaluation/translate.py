@@ -23,9 +23,9 @@ class Translator:
 
     def __init__(self, run: RunInfo, checkpoint: str, beam: int, lenpen: float, batch: int,
                  device: str, max_len: int | None = None) -> None:
+        from lnexp.decoding import detokenizer
         from lnexp.evaluation import checkpoints
         from lnexp.evaluation.inputs import encoder
-        from lnexp.train.validation import detokenizer
 
         self.run, self.beam, self.lenpen, self.batch, self.device = run, beam, lenpen, batch, device
         self.model, self.task = checkpoints.load(checkpoints.resolve(run.dir, checkpoint),
@@ -42,8 +42,8 @@ class Translator:
 
     def __call__(self, lines: list[str]) -> list[str]:
         from lnexp import fairseq_adapter as fa
+        from lnexp.decoding import generate
         from lnexp.evaluation.inputs import text_level
-        from lnexp.train.validation import generate
 
         first, self.seen = self.seen + 1, self.seen + len(lines)
         keep = [i for i, x in enumerate(lines) if x.strip()]

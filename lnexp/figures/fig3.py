@@ -109,7 +109,7 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     from lnexp import probes
     from lnexp.data.registry import load_for_training
     from lnexp.model.admin import profile_init
-    from lnexp.train.settings import resolve_device
+    from lnexp.runtime.host import resolve_device
 
     cfg = probes.compose_config(["placement=post_ln", f"scale={args.scale}", *args.override])
     if cfg.threads:

@@ -254,20 +254,20 @@ def short_training(cfg, updates: int) -> dict:
     """``updates`` updates of fairseq's Trainer on the training set (no validation, nothing saved);
     returns the model's state dict."""
     import tempfile
+    from pathlib import Path
 
     from lnexp import fairseq_adapter as fa
     from lnexp.train import settings
+    from lnexp.train.session import Session
 
     with tempfile.TemporaryDirectory() as tmp:
-        fcfg = settings.fairseq_config(cfg, "cpu", 1, save_dir=tmp, no_progress_bar=True,
-                                       disable_validation=True).config
-        _, model, _, trainer = fa.build_trainer(fcfg)
-        _, epoch_itr, _ = fa.epoch_iterator(fcfg, trainer, None)
+        run = Session.build(cfg, Path(tmp), resolved=settings.resolve(cfg, "cpu"))
+        fcfg, model, trainer, epoch_itr = run.fcfg, run.model, run.trainer, run.epoch_itr
         while trainer.get_num_updates() < updates:
             itr = fa.grouped(epoch_itr.next_epoch_itr(shuffle=True), fcfg)
             trainer.begin_epoch(epoch_itr.epoch)
             for samples in itr:
-                if fa.train_step(trainer, samples) is None:
+                if run.step(trainer, samples) is None:
                     raise FloatingPointError("short training run went non-finite")
                 if trainer.get_num_updates() >= updates:
                     break

@@ -11,6 +11,7 @@ authors' adaptive-profiling run does (configs/placement/admin.yaml says which re
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -82,7 +83,7 @@ PROFILERS = {"admin": profile_admin}  # lnexp.scheme.PROFILES, by name
 
 def profile_init(model: nn.Module, net_input: dict[str, Any], seed: int) -> dict[str, Any] | None:
     """The profiling pass the model's placement asks for (its YAML's init.profile), if any: the
-    init of a fresh run (lnexp.fairseq_adapter.epoch_iterator) and of the figures' models at initialisation.
+    init of a fresh run (``profile_fresh_model``) and of the figures' models at initialisation.
     Returns {"profile": name, "omega": values}, or None."""
     from lnexp.scheme import placement_of
 
@@ -90,3 +91,23 @@ def profile_init(model: nn.Module, net_input: dict[str, Any], seed: int) -> dict
     if name is None:
         return None
     return {"profile": name, "omega": PROFILERS[name](model, net_input, seed)}
+
+
+def profile_fresh_model(model: nn.Module, seed: int, first_batch: Callable[[], Any] | None,
+                        share: Callable[[Any], Any]) -> dict[str, Any] | None:
+    """A fresh run's start: the profiling pass its placement asks for, on the first training
+    batch, before the optimizer copies the weights. ``first_batch()`` gives that batch on the
+    model's device (None on the ranks that do not profile: rank 0 alone does); ``share(record)``
+    gives every rank rank 0's record (lnexp.fairseq_adapter.broadcast_from_master), whose gains
+    each rank then sets. Returns the record (run.json's ``profiled_init``), or None for a scheme
+    without a pass."""
+    from lnexp.scheme import placement_of
+
+    if placement_of(model.cfg).init.profile is None:
+        return None
+    record = None
+    if first_batch is not None:
+        record = profile_init(model, first_batch()["net_input"], seed)
+    record = share(record)
+    set_gains(model, record["omega"])
+    return record

@@ -1,10 +1,10 @@
 """One training run: fairseq's Trainer driven epoch by epoch, exactly as fairseq-train drives it,
 plus per-epoch validation loss and BLEU, per-update logs, divergence and resumable checkpoints.
 
-It reads top to bottom: ``train_process`` reads lnexp's config once into a typed ``RunSetup``
-(settings first, then the data, fairseq's config and the checkpoint to resume from); ``Training``
-sets up fairseq's objects from it, trains epoch by epoch (``_one_epoch``, ``_end_of_epoch``) and
-finishes. What only rank 0 does is in lnexp.train.rank0; what a checkpoint carries of lnexp's
+It reads top to bottom: ``train_process`` builds the run's ``Session`` (lnexp.train.session: the
+config resolved once into a typed ``RunSetup``, then fairseq's objects from it); ``Training``
+trains it epoch by epoch (``_one_epoch``, ``_end_of_epoch``) and finishes. What only rank 0
+does is in lnexp.train.rank0; what a checkpoint carries of lnexp's
 progress is ``RunState`` (lnexp.train.state).
 """
 
@@ -25,10 +25,10 @@ from lnexp import run_status, rundir
 from lnexp.rundir import read_json, run_paths
 from lnexp.runtime import runlock
 from lnexp.runtime.sharing import Sharing
-from lnexp.train import precision, settings, speed
+from lnexp.train import speed
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import OtherRank, Rank0
-from lnexp.train.settings import RunSetup
+from lnexp.train.session import Session
 from lnexp.train.state import RunState, zero_sums
 
 log = logging.getLogger("lnexp.train")
@@ -100,29 +100,22 @@ def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
     fairseq's distributed settings of the rank, see lnexp.train.distributed)."""
     sharing = Sharing(speed.threads(cfg), run_dir)
     try:
-        setup = settings.run_setup(cfg, run_paths(run_dir), run_dir, dist)
-        return Training(setup, sharing).train()
+        return Training(Session.build(cfg, run_dir, dist), sharing).train()
     finally:
         sharing.close()
 
 
 class Training:
-    """One process's training: set up from a ``RunSetup``, then epoch by epoch, then finished."""
+    """One process's training: a built ``Session``, then epoch by epoch, then finished."""
 
-    def __init__(self, setup: RunSetup, sharing: Sharing) -> None:
-        """Set-up: fairseq's task, model and Trainer (seeded as fairseq-train seeds them), restored
-        from the checkpoint the run resumes from with lnexp's state; rank 0 describes the run."""
+    def __init__(self, session: Session, sharing: Sharing) -> None:
+        """Set-up: the session's fairseq objects (restored from the checkpoint the run resumes
+        from) with lnexp's state; rank 0 describes the run."""
+        setup = session.setup
         self.setup, self.sharing = setup, sharing
-        self.task, model, _, self.trainer = fa.build_trainer(setup.fcfg)
-        context = precision.forward_context(setup.precision)
-        if context is not None:  # bf16 autocast (CPU, or GPU with speed.half=autocast)
-            fa.autocast_forward(self.trainer, context)
-        # a fresh run starts from its scheme's initialisation (Admin's profiling pass sets gains)
-        extra, self.epoch_itr, profiled = fa.epoch_iterator(setup.fcfg, self.trainer, setup.resume_from,
-                                                            self.task)
-        # the update as speed.* makes it (after the checkpoint: Adam's kernels take its state)
-        self.step = speed.make_step(self.trainer, model, setup.speed, setup.device, setup.compile,
-                                    int(setup.fcfg.dataset.max_tokens))
+        self.task, model, self.trainer = session.task, session.model, session.trainer
+        self.step, self.epoch_itr = session.step, session.epoch_itr
+        extra, profiled = session.extra_state, session.profiled
         self.state = RunState.from_checkpoint(extra)
         if profiled is not None:
             self.state.profiled_init = profiled

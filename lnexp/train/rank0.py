@@ -18,13 +18,14 @@ from typing import Any
 
 from lnexp import fairseq_adapter as fa
 from lnexp import run_status, rundir
+from lnexp.decoding import BleuScorer
 from lnexp.rundir import read_json, write_json
 from lnexp.runtime import progress
 from lnexp.train.epoch_checkpoints import keep_epoch
 from lnexp.train.runlog import RunLog
 from lnexp.train.settings import RunSetup
 from lnexp.train.state import RunState
-from lnexp.train.validation import BleuScorer, validation_loss
+from lnexp.train.validation import validation_loss
 
 log = logging.getLogger("lnexp.train")
 UNITS = {"loss": "bits/token (label-smoothed cross-entropy, base 2, as fairseq logs it)",

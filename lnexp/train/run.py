@@ -49,7 +49,7 @@ def check_overrides(argv: list[str]) -> Path:
 
     from lnexp import config
     from lnexp.data.registry import check_available
-    from lnexp.train.settings import fairseq_flags, resolve_device
+    from lnexp.train import settings
 
     overrides = config.normalise(_task_overrides(argv))
     config.given_once(overrides)
@@ -63,11 +63,8 @@ def check_overrides(argv: list[str]) -> Path:
             cfg = compose(combo)
             config.validate(cfg)
             check_available(cfg.dataset)
-            fairseq_flags(cfg, 1, resolve_device(cfg))  # precision/device fit this machine
-            if cfg.precision == "bf16":  # on CPU: its self-check passes here
-                from lnexp.train.precision import resolve
-
-                resolve("bf16", resolve_device(cfg))
+            # device, precision (bf16's CPU self-check), placement and norm fit this machine
+            settings.launch_flags(cfg)
     return Path(cfg.runs_root)
 
 

@@ -1,10 +1,13 @@
 """Hydra config -> checked values -> the fairseq-train flags and fairseq's config of the run.
 
-The mapping is explicit so that every run can print the equivalent stock ``fairseq-train`` command
-(``stock_fairseq_train`` in run.json). ``fairseq_config`` is the one way from lnexp's config to
-fairseq's (training, data parallelism, probes and the linear schedule's run length all use it);
-``run_setup`` reads everything a training needs from lnexp's config once, so that the training loop's
-steps take a typed ``RunSetup`` and never the config itself.
+``resolve`` decides, once, what a config means on this machine: the device, the precision, the
+placement and the norm (``Resolved``); the fairseq-train flags are derived from those objects
+(``fairseq_flags``), never decided again. The mapping is explicit so that every run can print the
+equivalent stock ``fairseq-train`` command (``stock_fairseq_train`` in run.json).
+``fairseq_config`` is the one way from lnexp's config to fairseq's (training, data parallelism,
+probes and the linear schedule's run length all use it); ``run_setup`` reads everything a training
+needs from lnexp's config once, so that the training's steps take a typed ``RunSetup`` and never the
+config itself (lnexp.train.session builds the run's fairseq objects from it).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -21,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from lnexp import fairseq_adapter as fa
 from lnexp.errors import ConfigError
 from lnexp.names import ARCH_SIZES, arch_flags
-from lnexp.scheme import Norm, Placement, placement_of
+from lnexp.runtime.host import resolve_device
+from lnexp.scheme import Norm, Placement, named_placement
 from lnexp.train.precision import Precision
 from lnexp.train.precision import resolve as resolve_precision
 from lnexp.train.speed import Speed
@@ -41,18 +44,59 @@ class FairseqSetup:
     config: Any  # fairseq's FairseqConfig (an omegaconf DictConfig)
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """What a config means on this machine, decided once: the device, the precision (``auto``
+    resolved, bf16's CPU self-check passed), the placement and the norm (checked)."""
+
+    device: str
+    precision: Precision
+    placement: Placement
+    norm: Norm
+
+
+def resolve(cfg: DictConfig, device: str | None = None) -> Resolved:
+    """The one decision of device, precision, placement and norm (``device``: given instead of
+    ``cfg.device``); ConfigError names the key that does not fit this machine."""
+    device = device or resolve_device(cfg)
+    placement, norm = model_scheme(cfg)
+    return Resolved(device, resolve_precision(str(cfg.precision), device, half=Speed.of(cfg).half),
+                    placement, norm)
+
+
+_LAUNCH: dict[str, tuple[Resolved, dict[str, Any]]] = {}
+
+
+def launch_flags(cfg: DictConfig) -> tuple[Resolved, dict[str, Any]]:
+    """``resolve(cfg)`` and its fairseq flags, once per launch: ``lnexp train`` checks each config
+    before Hydra starts (lnexp.train.run.check_overrides) and the job's session then takes the
+    same decision and flags (a copy) instead of making them again."""
+    key = OmegaConf.to_yaml(cfg)
+    if key not in _LAUNCH:
+        r = resolve(cfg)
+        _LAUNCH[key] = (r, fairseq_flags(cfg, 1, r.device, r))
+    r, flags = _LAUNCH[key]
+    return r, dict(flags)
+
+
 def fairseq_config(cfg: DictConfig, device: str = "cpu", updates_per_epoch: int | None = None,
-                   **replace: Any) -> FairseqSetup:
+                   resolved: Resolved | None = None, **replace: Any) -> FairseqSetup:
     """lnexp's config -> fairseq-train flags (``replace`` overrides some) -> fairseq's config, on
     the data of ``cfg.dataset`` (prepared on first use).
 
     ``updates_per_epoch``: the linear schedule's epoch length; left out, it is counted with
     fairseq's own batching when the schedule needs it."""
+    flags = fairseq_flags(cfg, updates_per_epoch or 1, device, resolved)
+    return _fairseq_setup(cfg, {**flags, **replace}, count=updates_per_epoch is None)
+
+
+def _fairseq_setup(cfg: DictConfig, flags: dict[str, Any], count: bool) -> FairseqSetup:
+    """The prepared data and fairseq's config of these flags (``count``: the linear schedule's
+    run length counted with fairseq's own batching)."""
     from lnexp.data.registry import load_for_training
 
-    flags = {**fairseq_flags(cfg, updates_per_epoch or 1, device), **replace}
     data = load_for_training(cfg.dataset)
-    if updates_per_epoch is None and cfg.schedule.name == "linear":
+    if count and cfg.schedule.name == "linear":
         per_epoch = fa.updates_per_epoch(fa.fairseq_config(data.bin_dir, flags))
         flags["total_updates"] *= per_epoch  # max_epoch epochs of per_epoch updates
     return FairseqSetup(data, flags, fa.fairseq_config(data.bin_dir, flags))
@@ -87,9 +131,15 @@ class RunSetup:
     world_size: int
     tokens_per_update_max: int
     resume_from: Path | None  # the checkpoint the run resumes from (None: a fresh start)
-    precision: Precision  # what the run computes in (precision=auto resolved on this machine)
+    resolved: Resolved  # device, precision, placement and norm, decided once
     compile: bool  # compile=true: layers under torch.compile (lnexp.train.compiling)
     speed: Speed  # how an update runs on the hardware (lnexp.train.speed)
+    stock: bool = False  # stock fairseq's equivalent run (the benchmarks' baseline), not lnexp's
+
+    @property
+    def precision(self) -> Precision:
+        """What the run computes in (precision=auto resolved on this machine)."""
+        return self.resolved.precision
 
     @property
     def data(self) -> Any:
@@ -100,20 +150,28 @@ class RunSetup:
         return self.fairseq.config
 
 
-def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None) -> RunSetup:
-    """Everything a training needs from ``cfg``: first the checked values, then the prepared data
-    and fairseq's config (``dist``: the rank's distributed settings, see lnexp.train.distributed),
-    last the checkpoint it resumes from."""
+# what a training process gives fairseq beyond the run's own flags: lnexp saves, validates and
+# reports itself
+RUN_FLAGS = dict(no_progress_bar=True, disable_validation=True, no_epoch_checkpoints=True)
+
+
+def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None,
+              resolved: Resolved | None = None,
+              stock: dict[str, Any] | None = None) -> RunSetup:
+    """Everything a training needs from ``cfg``: first the checked values (``resolved``: decided
+    already), then the prepared data and fairseq's config (``dist``: the rank's distributed
+    settings, see lnexp.train.distributed), last the checkpoint it resumes from. ``stock``: build
+    stock fairseq's equivalent run instead, with these fairseq flags added (e.g.
+    ``{"memory_efficient_fp16": True}``); ConfigError where the config has none."""
     from lnexp import rundir
 
-    device = resolve_device(cfg)
-    speed = Speed.of(cfg)
-    precision = resolve_precision(str(cfg.precision), device, half=speed.half)
-    # (None for schedule=linear, and for CPU autocast: stock fairseq has no such path)
-    stock = None if precision.autocast else stock_flags(fairseq_flags(cfg, 1, device))
+    if resolved is None:
+        r, flags = launch_flags(cfg)
+    else:
+        r, flags = resolved, fairseq_flags(cfg, 1, resolved.device, resolved)
     values = dict(
         run_dir=run_dir, paths=paths, config=OmegaConf.to_container(cfg, resolve=True),
-        device=device, schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
+        device=r.device, schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
         max_epoch=int(cfg.max_epoch), max_update=int(cfg.max_update),
         save_every=int(cfg.save_interval_updates), log_interval=int(cfg.log_interval),
         keep_last_epochs=int(cfg.checkpoint.keep_last_epochs),
@@ -126,18 +184,26 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None)
         stop_on_plateau=bool(cfg.divergence.stop),
         track_every=int(cfg.track_every) if cfg.track_norms else 0)
     tokens_per_rank = int(cfg.scale.update_freq) * int(cfg.scale.max_tokens)
-    fs = fairseq_config(cfg, device, save_dir=paths["checkpoints"], no_progress_bar=True,
-                        disable_validation=True, no_epoch_checkpoints=True)
+    # (None for schedule=linear, and for CPU autocast: stock fairseq has no such path)
+    stock_run = None if r.precision.autocast else stock_flags(flags)
+    if stock is not None:
+        if stock_run is None:
+            raise ConfigError(f"placement={r.placement.name} with these settings has no stock "
+                              "fairseq equivalent: use placement=post_ln or pre_ln, norm=layernorm, "
+                              "schedule=inverse_sqrt with warm-up, fp32/bf16/fp16 on a GPU")
+        flags = {**stock_run, **stock}
+    fs = _fairseq_setup(cfg, {**flags, "save_dir": paths["checkpoints"], **RUN_FLAGS}, count=True)
     if dist is not None:
         fa.adopt_distributed(fs.config, dist)
     world = int(fs.config.distributed_training.distributed_world_size)
     return RunSetup(
-        **values, fairseq=fs, stock_command=None if stock is None else shlex.join(
-            ["fairseq-train", *fa.flags_to_argv(fs.data.bin_dir, stock)]),
+        **values, fairseq=fs, stock_command=None if stock_run is None else shlex.join(
+            ["fairseq-train", *fa.flags_to_argv(fs.data.bin_dir, stock_run)]),
         master=fa.is_master(fs.config), world_size=world,
         tokens_per_update_max=world * tokens_per_rank,
-        resume_from=rundir.resume_checkpoint(paths), precision=precision,
-        compile=bool(cfg.get("compile", False)), speed=speed)
+        resume_from=rundir.resume_checkpoint(paths), resolved=r,
+        compile=bool(cfg.get("compile", False)) and stock is None, stock=stock is not None,
+        speed=Speed.of(cfg))
 
 
 def schedule_in_force(cfg: DictConfig) -> str:
@@ -152,24 +218,14 @@ def schedule_in_force(cfg: DictConfig) -> str:
 
 
 
-def resolve_device(cfg: DictConfig) -> str:
-    import torch
-
-    if cfg.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but torch sees no GPU: use device=cpu or install a CUDA torch")
-    return cfg.device
-
-
 def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
-                  device: str = "cpu") -> dict[str, Any]:
-    """The fairseq-train options of this run (without the data directory)."""
+                  device: str = "cpu", resolved: Resolved | None = None) -> dict[str, Any]:
+    """The fairseq-train options of this run (without the data directory), derived from the
+    config's resolved objects (``resolved``; decided here from ``cfg`` on ``device`` if not
+    given)."""
     opt, sched, scale = cfg.optimizer, cfg.schedule, cfg.scale
-    if cfg.precision == "fp16" and device != "cuda":
-        raise ConfigError("precision=fp16 needs a GPU: use precision=fp32 or bf16 on CPU")
-    placement, norm = model_scheme(cfg)
-    autocast = device == "cuda" and Speed.of(cfg).half == "autocast"
+    r = resolved or resolve(cfg, device)
+    device, placement, norm, precision = r.device, r.placement, r.norm, r.precision
     flags: dict[str, Any] = dict(
         task="translation", source_lang=cfg.dataset.src, target_lang=cfg.dataset.tgt,
         arch=scale.arch, share_all_embeddings=True,
@@ -184,11 +240,10 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
         lr_scheduler="lnexp", schedule=sched.name, warmup_updates=int(cfg.warmup),
         max_tokens=int(scale.max_tokens), update_freq=int(scale.update_freq),
         max_epoch=int(cfg.max_epoch), seed=int(cfg.seed),
-        cpu=device == "cpu", fp16=cfg.precision == "fp16" and not autocast,
+        cpu=device == "cpu", fp16=precision.name == "fp16" and not precision.autocast,
         # bf16 on CPU is lnexp's autocast (lnexp.train.precision), not fairseq's whole-model cast;
         # so is bf16 on a GPU with speed.half=autocast, and fp16 there is fairseq's --amp
-        bf16=cfg.precision == "bf16" and device == "cuda" and not autocast,
-        amp=cfg.precision == "fp16" and autocast,
+        bf16=precision.fairseq_bf16 and device == "cuda", amp=precision.fairseq_amp,
         num_workers=0, required_batch_size_multiple=1,
     )
     flags.update(distributed_flags(cfg, device))
@@ -267,7 +322,7 @@ def stock_flags(flags: dict[str, Any]) -> dict[str, Any] | None:
     dt=1, inverse_sqrt, W>0)."""
     name = flags["placement"]
     if name not in ("post_ln", "pre_ln") or flags["optimizer"] == "radam" \
-            or flags["placement_spec"] != placement_of(SimpleNamespace(placement=name)).to_json() \
+            or flags["placement_spec"] != named_placement(name).to_json() \
             or not _is_stock_norm(Norm.from_config(json.loads(flags["norm_spec"]))) \
             or flags["residual_scale"] != 1.0:
         return None

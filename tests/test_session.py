@@ -1,0 +1,137 @@
+"""lnexp.train.session: one builder from a config to the run, used by training and every benchmark;
+the config resolved once; stock fairseq's settings of each precision (scripts/_bench.py)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+TINY = ["dataset.vocab_size=600", "depth.encoder_layers=2", "depth.decoder_layers=2",
+        "scale.max_tokens=512", "schedule=inverse_sqrt", "placement=pre_ln", "threads=1"]
+# what builds a fairseq Trainer: only the adapter (fairseq's class) and the session may
+BUILDS = re.compile(r"\b(build_trainer|Trainer|trainer_class)\(")
+ALLOWED = {"lnexp/fairseq_adapter.py", "lnexp/train/session.py"}
+
+
+def test_nothing_but_the_session_builds_a_trainer():
+    """Training, figures, benchmarks and GPU scripts all build through Session.build: no other
+    module of lnexp/ or scripts/ calls build_trainer(, Trainer( or trainer_class(."""
+    files = [*REPO.glob("lnexp/**/*.py"), *REPO.glob("scripts/*.py")]
+    assert len(files) > 50
+    found = [f"{p.relative_to(REPO)}:{i}: {line.strip()}" for p in files
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if BUILDS.search(line) and str(p.relative_to(REPO)) not in ALLOWED]
+    assert not found, "a trainer built outside lnexp/train/session.py:\n" + "\n".join(found)
+    session = (REPO / "lnexp/train/session.py").read_text()
+    assert "fa.build_trainer(" in session
+
+
+@pytest.fixture
+def tiny_cfg(small_multi30k, monkeypatch):
+    from lnexp import config
+
+    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    return lambda *extra: config.compose([f"dataset.dir={small_multi30k}", *TINY, *extra])
+
+
+def test_the_config_is_resolved_once_per_session(tiny_cfg, monkeypatch, tmp_path):
+    """Session.build decides device, precision, placement and norm once and derives the fairseq
+    flags from them once (the stock command included)."""
+    from lnexp import scheme
+    from lnexp.train import precision, settings
+    from lnexp.train.session import Session
+
+    calls = {"resolve": 0, "flags": 0, "precision": 0, "placement": 0}
+    monkeypatch.setattr(settings, "_LAUNCH", {})  # this launch's decisions: none yet
+
+    def counted(name, f):
+        def run(*args, **kwargs):
+            calls[name] += 1
+            return f(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(settings, "resolve", counted("resolve", settings.resolve))
+    monkeypatch.setattr(settings, "fairseq_flags", counted("flags", settings.fairseq_flags))
+    monkeypatch.setattr(settings, "resolve_precision", counted("precision", precision.resolve))
+    monkeypatch.setattr(scheme.Placement, "from_config",
+                        classmethod(counted("placement", scheme.Placement.from_config.__func__)))
+    cfg = tiny_cfg()  # (composing checks the placement: config.validate)
+    scheme.named_placement("pre_ln")  # pre_ln.yaml as written, read once per process
+    calls.update(placement=0)
+    run = Session.build(cfg, tmp_path / "run")
+    # the model gets the very Placement resolved (its --placement-spec read back, not rebuilt)
+    assert calls == {"resolve": 1, "flags": 1, "precision": 1, "placement": 1}
+    assert run.model.encoder.layers[0].spec.scheme is run.setup.resolved.placement
+    assert run.setup.stock_command.startswith("fairseq-train ")
+    assert run.setup.resolved.placement.name == "pre_ln" and run.setup.precision.name == "fp32"
+    assert run.setup.fairseq.flags["placement_spec"] == run.setup.resolved.placement.to_json()
+    # lnexp train's check before Hydra and the job's session: one decision for the launch
+    from lnexp.train.run import check_overrides
+
+    monkeypatch.setattr(settings, "_LAUNCH", {})
+    check_overrides([f"dataset.dir={cfg.dataset.dir}", *TINY])
+    Session.build(tiny_cfg(), tmp_path / "run2")
+    assert (calls["resolve"], calls["flags"], calls["precision"]) == (2, 2, 2)
+
+
+def test_benchmarks_time_the_updates_lnexp_train_makes(tiny_cfg, small_multi30k, tmp_path,
+                                                       monkeypatch):
+    """scripts/_bench.Timed steps the session ``lnexp train`` builds: its first updates' losses and
+    gradient norms are the ones the run's updates.csv records."""
+    from lnexp.train.loop import train_run
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import _bench as B
+
+    over = [f"dataset.dir={small_multi30k}", *TINY, "max_update=3", "eval.subset=4",
+            "divergence.plateau_epoch=99"]
+    train_run(tiny_cfg("max_update=3", "eval.subset=4", "divergence.plateau_epoch=99"),
+              tmp_path / "run")
+    with open(tmp_path / "run" / "updates.csv") as f:
+        logged = [float(r[k]) for r in csv.DictReader(f) for k in ("loss", "gnorm")]
+    bench = B.Timed(over)
+    stepped = []
+    for _ in range(3):
+        step = bench.update(bench._next())
+        stepped += [step["loss"], step["gnorm"]]
+    assert len(logged) == 6
+    assert stepped == pytest.approx(logged, rel=1e-6)  # updates.csv keeps 6-7 digits
+
+
+def test_stock_settings_per_precision_and_where_they_run(tiny_cfg, small_multi30k, monkeypatch):
+    """The candidates for stock fairseq's fastest correct setting of each precision; on a CPU the
+    fp32 run and the whole-model bf16 casts train with finite losses through the session, fp16 is
+    refused with the fix named (its flat fp32 master copy and --amp's scaler are CUDA's)."""
+    from lnexp.errors import ConfigError
+    from lnexp.train.session import Session
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    import _bench as B
+
+    assert {k: list(v) for k, v in B.STOCK_SETTINGS.items()} == {
+        "fp32": ["fp32"],
+        "fp16": ["--fp16", "--fp16 --memory-efficient-fp16", "--amp"],
+        "bf16": ["--bf16", "--bf16 --memory-efficient-bf16"]}
+    # bf16's whole-model cast on this CPU: the stock flags plus --bf16 (lnexp's bf16 on a CPU is
+    # its autocast, which stock fairseq has no equivalent of)
+    for label, extra in [("fp32", {}), *((k, {"bf16": True, **v})
+                                          for k, v in B.STOCK_SETTINGS["bf16"].items())]:
+        run = Session.build(tiny_cfg(), stock=extra)
+        assert run.setup.stock and run.setup.fairseq.flags["arch"] == "transformer"
+        assert type(run.model).__name__ == "TransformerModel", label
+        itr = run.epoch_itr.next_epoch_itr(shuffle=False)
+        run.trainer.begin_epoch(1)
+        losses = [run.step(run.trainer, [next(itr)])["loss"] for _ in range(2)]
+        assert all(math.isfinite(x) for x in losses), (label, losses)
+        assert (run.setup.fairseq.flags.get("memory_efficient_bf16") is True) == ("memory" in label)
+    with pytest.raises(ConfigError, match="precision=fp16 needs a GPU"):
+        Session.build(tiny_cfg("precision=fp16", "device=cpu"), stock=B.STOCK_SETTINGS["fp16"]["--amp"])
+    with pytest.raises(ConfigError, match="no stock fairseq equivalent"):
+        Session.build(tiny_cfg("placement=peri_ln"), stock={})
+    assert sys.modules["_bench"] is B
