@@ -183,3 +183,11 @@ def test_precision_check_quick_compares_fp32_and_bf16(small_multi30k, bench_env,
     assert all(0 <= number(r[4]) < 0.2 for r in grads)  # bf16 gradient norms near fp32's
     cells = table_rows(out, "cell", "precision")
     assert [r[1] for r in cells] == ["fp32", "bf16"] and all(r[3] == "4" for r in cells)
+
+
+def test_order_effect_prints_both_runs_on_the_same_batches(small_multi30k, bench_env):
+    out = run_script("order_effect.py", "--updates", "2", *data_args(small_multi30k), env=bench_env)
+    rows = table_rows(out, "run", "aten::mm")
+    assert [r[0] for r in rows] == ["first", "second"]
+    assert all(positive(r[1]) and positive(r[2]) for r in rows)
+    assert rows[0][3] == rows[1][3]  # the same batches, the same model: the same loss
