@@ -32,6 +32,19 @@ the first H200 session (2026-12-04, docs/performance.md "GPU"; its seconds in br
    for 3 seeds, so it reports "not met" for the seed count whatever the gap; the per-seed gaps and
    the BLEU ratio are the measurement.
 
+``--session atlas`` runs instead, after ``install``, the whole mini atlas (issue 43: coverage,
+claim rounds, bisection) within 11 minutes of a 15-minute window:
+
+6. ``atlas`` (ATLAS_BUDGET_MIN = 8.5 min + 60 s for the cells in flight): ``lnexp atlas --scale mini
+   --budget-min 8.5 --launcher worker`` (jobs, a cell's first cost and the seed cap chosen from the
+   GPU and the cores, printed in atlas.log; the cell worker pays the imports and the CUDA context
+   once per job, not per cell) -> atlas/atlas_plan.json, atlas_state.json, runs/ (each cell's
+   status.json, run.json, metrics.jsonl).
+7. ``atlas_figure`` (60): ``lnexp figure atlas --scale mini`` -> atlas/figures/ (the claims table,
+   atlas_checks.json, the figures) for README's claims block (``lnexp figure report``).
+
+``--tar PATH`` packs OUT into one tarball at the end (the device tool brings back at most 8 files).
+
 session.json: each part's command, exit status, seconds and budget. ``--tiny`` runs every part on
 CPU with the 2+2-layer mini model, a few updates and small batches (``--dataset-dir`` for a small
 corpus) and budgets 4 times as long, for the test that proves the session works end to end
@@ -52,6 +65,10 @@ REPO = Path(__file__).resolve().parents[1]
 # seconds per part, from the H200 session of 2026-12-04 (the module's docstring): 540 s in all
 BUDGETS = {"install": 30, "gpu_tests": 90, "precision": 130, "sharing": 130, "fig2": 140,
            "fig2_figure": 20}
+# the atlas session (--session atlas): install + atlas + its figures in 11 minutes of the window
+ATLAS_BUDGET_MIN = 8.5
+ATLAS_BUDGETS = {"install": 30, "atlas": int(ATLAS_BUDGET_MIN * 60) + 60, "atlas_figure": 60}
+TINY_ATLAS = ["max_update=2", "eval.subset=4", "scale.max_tokens=512", "threads=1"]
 FIG2_EPOCHS = 4  # ~25 s each with four runs side by side on the H200, ~15 s to start: 115 s of 140
 TINY_SLACK = 4  # --tiny on a few busy CPU cores: the GPU budgets x4 (2 cores, load 6: 226 s in all)
 TINY = ["scale.arch=ln_transformer_mini", "depth.encoder_layers=2", "depth.decoder_layers=2",
@@ -119,12 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fig2-epochs", type=int, default=FIG2_EPOCHS,
                    help=f"epochs of each Fig. 2 run (default {FIG2_EPOCHS}: ~25 s each with four runs "
                         "on an H200)")
+    p.add_argument("--session", choices=("measure", "atlas"), default="measure",
+                   help="measure: GPU tests, precision, sharing, Fig. 2 (default); atlas: the whole "
+                        "mini atlas and its figures")
+    p.add_argument("--atlas-launcher", default="worker",
+                   help="how the atlas trains its cells (lnexp atlas --launcher; default worker)")
+    p.add_argument("--tar", type=Path, default=None,
+                   help="pack OUT into this tarball at the end (one file to bring back)")
     p.add_argument("--tiny", action="store_true", help="CPU: every part with a tiny model")
     p.add_argument("--dataset-dir", default=None, help="raw Multi30k-layout data (tests: a small corpus)")
     p.add_argument("--vocab-size", type=int, default=None)
     args = p.parse_args(argv)
     if args.wheels is not None and not (args.wheels / "wheelhouse.json").is_file():
         p.error(f"--wheels {args.wheels}: no wheelhouse.json there; build it with make wheelhouse WHEELS=...")
+    if args.session == "atlas":
+        BUDGETS.clear()
+        BUDGETS.update(ATLAS_BUDGETS)
     if args.tiny:
         for k in BUDGETS:
             BUDGETS[k] *= TINY_SLACK
@@ -142,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         [f"--vocab-size={args.vocab_size}"] if args.vocab_size else [])
     data_over = ([f"dataset.dir={args.dataset_dir}"] if args.dataset_dir else []) + (
         [f"dataset.vocab_size={args.vocab_size}"] if args.vocab_size else [])
+    if args.session == "atlas":
+        rcs = atlas(py, args, out, work, env, log, data_over)
+        return finish(rcs, log, out, t0, args.tar)
     rcs = [run_part("gpu_tests", [py, "-m", "pytest", "-m", "gpu", "-q",
                                   "tests/test_gpu.py", f"--junitxml={out / 'pytest_gpu.xml'}"],
                     out, BUDGETS["gpu_tests"], env, log)]
@@ -166,9 +196,47 @@ def main(argv: list[str] | None = None) -> int:
                                    "--runs-root", str(runs), "--out", str(out / "fig2")], out,
                    BUDGETS["fig2_figure"], env, log)
     rcs += [0 if rc in (0, 1) else rc, rc2]  # a sweep exits 1 when a run diverged: a result here
+    return finish(rcs, log, out, t0, args.tar)
+
+
+def atlas(py: str, args: argparse.Namespace, out: Path, work: Path, env: dict[str, str], log: dict,
+          data_over: list[str]) -> list[int]:
+    """The atlas session's parts: the whole mini atlas within its budget, then its figures; the
+    small files of every cell (no checkpoints: atlas cells keep none) copied to OUT/atlas."""
+    runs = work / "atlas-runs"
+    budget_min = ATLAS_BUDGET_MIN * (TINY_SLACK if args.tiny else 1)
+    if args.tiny:  # a few tiny cells on CPU, one at a time, within about a minute and a half
+        budget_min = 1.5
+    cmd = [py, "-m", "lnexp.cli", "atlas", "--scale", "mini", "--runs-root", str(runs),
+           "--budget-min", f"{budget_min:g}", "--launcher", args.atlas_launcher,
+           *(["--jobs", "1"] if args.tiny else []), *data_over, *(TINY_ATLAS if args.tiny else [])]
+    rc = run_part("atlas", cmd, out, BUDGETS["atlas"], env, log)
+    keep = (out / "atlas")
+    keep.mkdir(exist_ok=True)
+    for f in (*runs.glob("atlas_*.json"), *runs.glob("*/status.json"), *runs.glob("*/run.json"),
+              *runs.glob("*/metrics.jsonl")):
+        dest = keep / f.relative_to(runs)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(f.read_bytes())
+    rc2 = run_part("atlas_figure", [py, "-m", "lnexp.cli", "figure", "atlas", "--scale", "mini",
+                                    "--runs-root", str(runs), "--out", str(keep / "figures")],
+                   out, BUDGETS["atlas_figure"], env, log)
+    # the atlas stopped by the part's budget (124) or ended by its own (0) both leave a result
+    return [0 if rc in (0, 124, 130) else rc, rc2]
+
+
+def finish(rcs: list[int], log: dict, out: Path, t0: float, tar: Path | None) -> int:
+    """session.json, and OUT packed into ``tar`` if asked."""
     log["total_s"] = round(time.time() - t0, 1)
     (out / "session.json").write_text(json.dumps(log, indent=1) + "\n")
-    print(f"gpu_session: done in {log['total_s']:.0f} s; results in {out}")
+    if tar is not None:
+        import tarfile
+
+        tar.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(tar, "w:gz") as t:
+            t.add(out, arcname=out.name)
+    print(f"gpu_session: done in {log['total_s']:.0f} s; results in {out}"
+          + (f" (packed: {tar})" if tar else ""))
     return 0 if all(r == 0 for r in rcs) else 1
 
 

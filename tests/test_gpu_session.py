@@ -82,3 +82,29 @@ def test_the_session_fits_ten_minutes_of_a_fifteen_minute_window():
     assert b["install"] > 12 and b["precision"] > 74 and b["sharing"] > 112 and b["gpu_tests"] > 45
     epochs = gpu_session.FIG2_EPOCHS  # the default of --fig2-epochs: as many as fit, seeds kept
     assert 15 + 25 * epochs + 20 <= b["fig2"]  # with 20 s for the last validation and BLEU
+
+
+def test_the_atlas_session_runs_the_atlas_and_its_figures_and_packs_one_tarball(tmp_path, small_multi30k):
+    """``--session atlas --tiny``: install skipped, a few tiny atlas cells through the cell worker,
+    the atlas's figures, the cells' small files (no checkpoint) and one tarball to bring back."""
+    import tarfile
+
+    out, tar = tmp_path / "out", tmp_path / "back" / "atlas.tgz"
+    env = {**os.environ, "LNEXP_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "scripts/gpu_session.py", "--session", "atlas", "--tiny",
+                           "--out", str(out), "--work", str(tmp_path / "work"), "--tar", str(tar),
+                           f"--dataset-dir={small_multi30k}", "--vocab-size=600"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    logs = "".join((p.name + ":\n" + p.read_text()[-2500:]) for p in out.glob("*.log"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:] + logs
+    session = json.loads((out / "session.json").read_text())
+    assert set(session) >= {"atlas", "atlas_figure"} and "gpu_tests" not in session
+    assert session["atlas_figure"]["rc"] == 0 and "--launcher worker" in session["atlas"]["command"]
+    plan = json.loads((out / "atlas" / "atlas_plan.json").read_text())
+    assert plan["launched"] and plan["claims"]  # cells ran, and every claim has its verdict text
+    cells = list((out / "atlas").glob("*/status.json"))
+    assert cells and all((c.parent / "metrics.jsonl").is_file() for c in cells)
+    assert not list(out.rglob("*.pt")) and (out / "atlas" / "figures" / "atlas_checks.json").is_file()
+    with tarfile.open(tar) as t:
+        names = t.getnames()
+    assert "out/session.json" in names and "out/atlas/atlas_plan.json" in names
