@@ -342,8 +342,13 @@ class Placement:
         return cls(**data, init=Init(**init))
 
     def to_json(self) -> str:
-        text = json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
-        _WRITTEN.setdefault(text, self)  # the model reading it back gets this very Placement
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    def model_spec(self) -> str:
+        """``to_json`` for the model's --placement-spec: the model reading it back in this process
+        gets this very Placement (the latest handed over; a comparison's to_json registers nothing)."""
+        text = self.to_json()
+        _WRITTEN[text] = self
         return text
 
     @classmethod

@@ -77,16 +77,17 @@ def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
         return done
     rank0 = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 holds the run's lock
     extension = extends(run_dir, int(cfg.max_epoch), int(cfg.max_update)) if rank0 else None
-    if extension and not run_paths(run_dir)["last"].is_file():
-        from lnexp.errors import UserError
-
-        raise UserError(f"{run_dir} has no checkpoint to extend (checkpoint.at_end=delete, as atlas cells "
-                        "run, deletes them when a run ends): delete that folder to train it again at the "
-                        "new length")
     if extension:
         log.info("%s", extension)  # the run's first line: a longer run continues this folder
     run_dir.mkdir(parents=True, exist_ok=True)
     with runlock.hold(run_dir) if rank0 else contextlib.nullcontext():
+        # (under the lock: a run another process trains is refused as such first)
+        if extension and not run_paths(run_dir)["last"].is_file():
+            from lnexp.errors import UserError
+
+            raise UserError(f"{run_dir} has no checkpoint to extend (checkpoint.at_end=delete, as "
+                            "atlas cells run, deletes them when a run ends): delete that folder to train "
+                            "it again at the new length")
         if on_start is not None:  # every rank: each has its own Hydra files and log handler
             on_start()
         status = distributed.launch(cfg, run_dir, train_process)

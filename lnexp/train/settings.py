@@ -230,7 +230,7 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
         task="translation", source_lang=cfg.dataset.src, target_lang=cfg.dataset.tgt,
         arch=scale.arch, share_all_embeddings=True,
         # the placement and norm groups travel whole, as JSON, to the model (lnexp/scheme.py)
-        placement=placement.name, placement_spec=placement.to_json(),
+        placement=placement.name, placement_spec=placement.model_spec(),
         norm=norm.name, norm_spec=norm.to_json(), residual_scale=float(cfg.residual_scale),
         encoder_layers=int(cfg.depth.encoder_layers), decoder_layers=int(cfg.depth.decoder_layers),
         dropout=float(scale.dropout),
