@@ -345,6 +345,11 @@ def varying_keys(runs: list[Run], ignore: set[str]) -> list[str]:
 SPLIT_BY = ("length", "status")
 
 
+def group_keys(keys: list[str]) -> list[str]:
+    """What a group's rows are told apart by: the keys asked for, then ``SPLIT_BY``."""
+    return [*keys, *(k for k in SPLIT_BY if k not in keys)]
+
+
 def run_length(run: Run) -> str:
     """How long the run was set to train: its max_update where one is set, else its max_epoch."""
     updates, epochs = run.get("max_update"), run.get("max_epoch")
@@ -358,16 +363,16 @@ def group_rows(runs: list[Run], keys: list[str]) -> list[dict[str, Any]]:
     n, seeds and each score's seed statistics."""
     from lnexp.stats import summarise
 
-    split = [k for k in SPLIT_BY if k not in keys]
+    split = group_keys(keys)
     groups: dict[tuple[str, ...], list[Run]] = {}
     for run in runs:
         row = {**run.row(), "length": run_length(run)}
-        value = tuple(_fmt(row[k] if k in row else run.get(k)) for k in [*keys, *split])
+        value = tuple(_fmt(row[k] if k in row else run.get(k)) for k in split)
         groups.setdefault(value, []).append(run)
     out = []
     for value, members in sorted(groups.items(), key=lambda kv: [_order(v) for v in kv[0]]):
         rows = [m.row() for m in members]
-        g: dict[str, Any] = {**dict(zip([*keys, *split], value, strict=True)), "n": len(members),
+        g: dict[str, Any] = {**dict(zip(split, value, strict=True)), "n": len(members),
                              "seeds": ",".join(sorted({_fmt(r["seed"]) for r in rows}, key=str)),
                              "varies": ",".join(varying_keys(
                                  members, {"seed", "max_update", "max_epoch", *keys}))}
@@ -390,7 +395,7 @@ def _order(text: str) -> tuple[int, float, str]:
 def group_table(groups: list[dict[str, Any]], keys: list[str]) -> str:
     from lnexp.stats import SeedSummary
 
-    keys = [*keys, *(k for k in SPLIT_BY if k not in keys)]
+    keys = group_keys(keys)
     head = [*keys, "n", "seeds", *GROUP_VALUES, "varies"]
     cells = [head]
     for g in groups:
@@ -460,7 +465,7 @@ def print_groups(runs: list[Run], args: argparse.Namespace) -> int:
     check_filter_keys(runs, dict.fromkeys(keys, ""))
     groups = group_rows(runs, keys)
     if args.csv is not None:
-        fields = [*keys, *(k for k in SPLIT_BY if k not in keys), "n", "seeds", "varies",
+        fields = [*group_keys(keys), "n", "seeds", "varies",
                   *(f"{c}_{f}" for c in GROUP_VALUES for f in STAT_FIELDS)]
         buf = io.StringIO()
         csv.DictWriter(buf, fieldnames=fields, lineterminator="\n").writeheader()

@@ -58,6 +58,8 @@ from lnexp.atlas.plan import (
     smallest_budget_min,
 )
 from lnexp.errors import ArgumentParser, UserError
+from lnexp.rundir import write_json
+from lnexp.runtime import sharing
 
 # Each norm but LayerNorm (lnexp.names.NORMS) is a scheme in these placements, compared with LayerNorm
 # in the same placement: Pre-LN, and Post-LN too for DyT (its parity claim covers both)
@@ -240,12 +242,6 @@ def _read_doc(path: Path, mend: str) -> dict | None:
     return doc
 
 
-def _write(path: Path, doc: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 # --- one atlas at a time on a runs root; a signal stops it ------------------------------------------
 
 
@@ -409,14 +405,14 @@ def run_atlas(
                 if e.status != 0:
                     plan["failed"].append({**doc, "status": e.status})
             spend()
-            _write(state_path, state)
+            write_json(state_path, state)
 
         try:
             launcher.run_round([[*overrides(c, grid, scale), *extra] for c in batch[:k]], jobs, ended)
         finally:
             spend()
-            _write(state_path, state)
-            _write(plan_path, plan)
+            write_json(state_path, state)
+            write_json(plan_path, plan)
         if stop.asked:
             raise _Interrupted
         return k
@@ -443,13 +439,13 @@ def run_atlas(
                     left, log, max_seeds)
         except _Interrupted:
             plan["stopped"] = "interrupted: a signal stopped the rounds"
-            _write(plan_path, plan)
+            write_json(plan_path, plan)
             return plan
     log(f"lnexp atlas: {plan['stopped']}; {len(plan['not_run'])} cells of the last round not run")
     plan["claims"] = {v.claim.id: v.text for v in C.evaluate(grid, seen(), own, tried, max_seeds=max_seeds)}
     for cid, text in plan["claims"].items():
         log(f"lnexp atlas: {cid}: {text}")
-    _write(plan_path, plan)
+    write_json(plan_path, plan)
     return plan
 
 
@@ -529,10 +525,7 @@ def machine(ovr: list[str]) -> tuple[int, list[tuple[str, str, float]], str]:
     no use for a CUDA context): ``nvidia-smi`` lists the GPUs with their names and memory,
     CUDA_VISIBLE_DEVICES narrows them, and a CPU build of torch (its version ends in +cpu, read from
     its metadata) or ``device=cpu`` among the overrides means none."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    cores = sharing.cores()
     if any(o.split("=", 1) == ["device", "cpu"] for o in ovr):
         return cores, [], "device=cpu given"
     try:

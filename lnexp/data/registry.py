@@ -165,8 +165,9 @@ def for_run(recorded: dict[str, Any], dataset: dict[str, Any],
     keep = "or set LNEXP_CACHE to the cache it trained with"
     if want.key:
         for folder in (want.folder, root / f"{want.name}-{want.key}"):
-            if (folder / PREPARED).is_file() and PreparedData.load(folder).key == want.key:
-                return in_folder(PreparedData.load(folder), folder)
+            data = PreparedData.load(folder) if (folder / PREPARED).is_file() else None
+            if data is not None and data.key == want.key:
+                return in_folder(data, folder)
         where = f"{run} trained on {want.name} (key {want.key}), which is not in {root}"
         if not rebuildable:
             how = want.command or corpus.hint or f"lnexp prepare {ds.corpus}"
