@@ -259,3 +259,140 @@ def test_a_signal_ends_the_rounds_and_no_further_cell_starts(tmp_path):
     assert signal.getsignal(signal.SIGINT) is before  # the driver's handler is put back
     assert json.loads((root / driver.PLAN_FILE).read_text())["stopped"] == out["stopped"]
     assert json.loads((root / driver.STATE_FILE).read_text())["costs"]["6"] == [100.0] * 3
+
+
+# --- issue 49: what a held-out fuzz found ---------------------------------------------------------
+
+
+def test_a_runs_root_that_is_a_file_is_refused_as_such(tmp_path):
+    """Not "atlas_state.json cannot be read ... mend it or delete it": the runs root is a file."""
+    (tmp_path / "afile").write_text("x")
+    for root, says in ((tmp_path / "afile", "is a file, not a folder"),
+                       (tmp_path / "afile" / "runs", f"lies under {tmp_path / 'afile'}, a file")):
+        out = lnexp_main("atlas", "--runs-root", str(root), cache=tmp_path / "cache", check=False)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert says in out.stderr and "give a folder" in out.stderr and "atlas_state" not in out.stderr
+    assert sorted(os.listdir(tmp_path)) == ["afile"] and (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_gpu_scale_on_a_machine_without_a_gpu_asks_before_it_trains(tmp_path):
+    """--scale gpu trains the paper's model: without a GPU, one line asks for --yes or a budget."""
+    root = tmp_path / "runs"
+    out = lnexp_main("atlas", "--scale", "gpu", "--runs-root", str(root), "device=cpu",
+                     cache=tmp_path / "cache", check=False)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--scale gpu trains the paper's model, sized for a GPU, and this machine has none" in out.stderr
+    assert "--budget-min M" in out.stderr and "--yes" in out.stderr
+    assert not root.exists()
+    # its first cost is an estimate, said so; without a budget none is printed as minutes
+    c = plan.choose_resources(2, [], "gpu", (6, 18), max_update=5)
+    assert "an estimate: not measured at the gpu scale on a CPU" in c.why[1]
+    assert "measured on 2 CPU cores" not in c.why[1] and c.why[-1].startswith("no budget limit")
+
+
+def test_the_first_line_says_what_the_budget_keeps_and_no_limit_is_no_number(tmp_path):
+    from tests.test_atlas_zoo import FEW, GRID, fake_launcher
+
+    for budget_s, says in ((300.0, "budget 5 min (60 s of it kept for the figures; a cell still running "
+                                    "when it is spent is stopped and kept), 0.0 spent"),
+                           (plan.NO_LIMIT_S, "no budget limit")):
+        lines: list[str] = []
+        root = tmp_path / str(budget_s)
+        driver.run_atlas(root, "mini", budget_s, 2, fake_launcher(root, {}, []), GRID, log=lines.append,
+                         kinds=FEW[:1], cost_s={6: 1.0, 18: 3.0})
+        assert says in lines[0], lines[0]
+        assert not any("16666667" in ln for ln in lines)
+
+
+class Sleeper:
+    """A launcher whose cells run 30 s unless stopped (as lnexp train stops: interrupted)."""
+
+    name = "sleeper"
+
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def run_round(self, cells, jobs, ended) -> None:
+        t0 = time.monotonic()
+        while not self.stopped and time.monotonic() - t0 < 30:
+            time.sleep(0.02)
+        for i in range(min(jobs, len(cells))):
+            ended(launchers.Ended(i, time.monotonic() - t0, 130 if self.stopped else 0))
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_cells_still_running_when_the_budget_is_spent_are_stopped_and_kept(tmp_path, monkeypatch):
+    """A first cost far below the real one (34 s against 219 s for the gpu scale on CPU) does not
+    make the atlas overrun its budget: the cells running at its end stop there, kept to resume."""
+    from tests.test_atlas_zoo import FEW, GRID
+
+    monkeypatch.setattr(driver, "FIGURE_RESERVE_S", 0.0)
+    before = signal.getsignal(signal.SIGALRM)
+    t0 = time.monotonic()
+    out = driver.run_atlas(tmp_path / "runs", "mini", 2.0, 2, Sleeper(), GRID, log=lambda s: None,
+                           kinds=FEW[:1], cost_s={6: 1.0, 18: 3.0})
+    assert time.monotonic() - t0 < 10
+    assert out["stopped"].startswith("budget: spent while cells ran") and len(out["interrupted"]) == 2
+    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+# A cell as lnexp train would leave it, stopped by SIGTERM: status interrupted, then an abort at
+# exit (what a C++ thread's "terminate called without an active exception" does to the process)
+ABORTING_CELL = """
+import json, os, resource, signal, sys, time
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+kv = dict(a.split("=", 1) for a in sys.argv[1:])
+d = os.path.join(kv["runs_root"], "_".join(kv[k] for k in ("placement", "norm", "warmup", "seed")))
+os.makedirs(os.path.join(d, ".hydra"))
+cfg = {"placement": {"name": kv["placement"]}, "norm": {"name": kv["norm"]}, "lr": float(kv["lr"]),
+       "depth": {"encoder_layers": int(kv["depth"])}, "warmup": int(kv["warmup"]), "seed": int(kv["seed"])}
+open(os.path.join(d, ".hydra", "config.yaml"), "w").write(json.dumps(cfg))
+open(os.path.join(d, ".hydra", "overrides.yaml"), "w").write(json.dumps(["experiment=" + kv["experiment"]]))
+def stop(*_):
+    open(os.path.join(d, "status.json"), "w").write(json.dumps({"status": "interrupted"}))
+    os.abort()
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(d, "status.json"), "w").write(json.dumps({"status": "running"}))
+time.sleep(60)
+"""
+
+
+def test_the_interrupted_summary_counts_what_each_cells_status_says(tmp_path, monkeypatch, capsys):
+    """SIGINT to the atlas while two cells run; each records `interrupted`, then aborts at exit
+    (exit status 134): neither is counted as finished, and queued cells (no folder) are not kept."""
+    root = tmp_path / "runs"
+    monkeypatch.setattr(launchers.ProcessLauncher, "TRAIN", (sys.executable, "-S", "-c", ABORTING_CELL))
+    monkeypatch.setattr(launchers.ProcessLauncher, "POLL_S", 0.01)
+
+    def interrupt_once_both_run() -> None:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and sum(_status(d).get("status") == "running"
+                                             for d in root.glob("*")) < 2:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_both_run, daemon=True).start()
+    assert driver.main(["--runs-root", str(root), "--budget-min", "1000", "--jobs", "2"]) == 130
+    assert sorted(_status(d)["status"] for d in root.glob("*") if d.is_dir()) == ["interrupted"] * 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lnexp atlas: interrupted")]
+    assert err == ["lnexp atlas: interrupted: 0 cells finished in this session, 2 stopped and kept "
+                   "(status interrupted); the same command resumes"]
+    plan_doc = json.loads((root / driver.PLAN_FILE).read_text())
+    assert plan_doc["launched"] == [] and len(plan_doc["interrupted"]) == 2  # no cost from a cut cell
+    assert json.loads((root / driver.STATE_FILE).read_text())["costs"] == {}
+
+
+def test_a_failed_cell_is_counted_by_its_status_and_a_killed_one_named_as_killed(tmp_path):
+    from tests.test_atlas_zoo import fake_launcher
+
+    root = tmp_path / "runs"
+    launch = fake_launcher(root, {}, [])
+    ovr = ["experiment=atlas_mini", "placement=pre_ln", "norm=layernorm", "depth=6", "lr=0.001", "seed=1"]
+    launch([*ovr, "warmup=0"])  # a trained cell
+    doc = {"scheme": "pre_ln", "placement": "pre_ln", "norm": "layernorm", "depth": 6, "lr": 0.001,
+           "seed": 1, "dt": 1.0}
+    docs = [{**doc, "warmup": 0}, {**doc, "warmup": 40}]  # the second never made its folder
+    assert driver.session_counts(root, "mini", docs) == (1, 0)
+    assert driver._how([2, 1, 137, 2]) == "exit status 1, 2; killed by signal 9 (SIGKILL)"

@@ -113,8 +113,10 @@ def test_a_dead_worker_is_reported_once_and_stop_interrupts_the_running_cell(tmp
 
         threading.Thread(target=kill, daemon=True).start()
         launcher.run_round([long], 1, ends.append)
-        assert [(e.index, e.status) for e in ends] == [(0, 1)]
-        assert len(lines) == 1 and "signal SIGKILL" in lines[0] and "counts as failed" in lines[0]
+        assert [(e.index, e.status) for e in ends] == [(0, 137)]  # 128 + 9, as a killed process's
+        assert len(lines) == 1 and "was killed by signal 9 (SIGKILL)" in lines[0], lines
+        assert "counts as failed" in lines[0] and " ".join(long) in lines[0]  # named by its overrides
+        assert f"({_only_run(tmp_path / 'long')})" in lines[0]  # and its folder
 
         ends.clear()
         def stop() -> None:

@@ -163,6 +163,25 @@ def test_a_copy_of_another_schemes_network_is_run_once():
     assert not any("sandwich_ln" in c for c in driver.full_grid_commands("paper", read_grid("paper")))
 
 
+def test_the_full_grid_is_the_fewest_commands_and_the_docs_say_how_many():
+    """Every scheme the atlas trains, in as few lnexp train -m commands as a product of placements
+    and norms allows (6 before: one per norm); docs/atlas.md says the same number."""
+    import re
+
+    from lnexp.atlas.grid import read_grid
+    from tests.conftest import REPO
+
+    commands = driver.full_grid_commands("paper", read_grid("paper"))
+    pairs = set()
+    for c in commands:
+        kv = dict(w.split("=", 1) for w in c.split()[3:])
+        pairs |= {(p, n) for p in kv["placement"].split(",") for n in kv["norm"].split(",")}
+    assert pairs == {(s.placement, s.norm) for s in driver.schemes()}
+    assert len(commands) == 3
+    said = re.search(r"prints the (\w+) lnexp train -m commands", (REPO / "docs/atlas.md").read_text())
+    assert said and said[1] == {2: "two", 3: "three", 4: "four"}[len(commands)]
+
+
 def test_driver_stops_launching_when_the_budget_cannot_hold_a_cell(tmp_path, monkeypatch):
     clock, root, log = [0.0], tmp_path / "runs", []
     monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))

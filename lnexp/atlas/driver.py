@@ -42,10 +42,12 @@ from lnexp.atlas import claims as C
 from lnexp.atlas import launchers
 from lnexp.atlas.grid import Grid, experiment_name, read_grid
 from lnexp.atlas.launchers import INTERRUPTED, Ended, Launcher, LaunchSetup
-from lnexp.atlas.outcomes import Arm, Cells, Scheme, cells, outcome
+from lnexp.atlas.outcomes import Arm, Cells, Scheme, arm_of, cells, outcome
 from lnexp.atlas.plan import (
     CPU_COST_S,
+    CPU_SCALES,
     MINI_BUDGET_MIN,
+    NO_LIMIT_S,
     Choice,
     Job,
     Seen,
@@ -285,16 +287,26 @@ def atlas_lock(runs_root: Path) -> Iterator[None]:
 
 
 class _Stop:
-    """The handler of SIGINT and SIGTERM while rounds run: the first asks the launcher to stop (its
-    queued cells never start, running ones stop as lnexp train stops); the driver then ends after
-    the round. It raises nothing, so no lock or wait is cut in the middle."""
+    """The handler of SIGINT and SIGTERM while rounds run, and of SIGALRM when the budget is spent:
+    it asks the launcher to stop (its queued cells never start, running ones stop as lnexp train
+    stops, kept to resume); the driver then ends after the round. It raises nothing, so no lock or
+    wait is cut in the middle."""
 
     def __init__(self, launcher: Launcher) -> None:
-        self.launcher, self.asked = launcher, False
+        self.launcher, self.asked, self.out_of_time = launcher, False, False
+        self.timed = False  # SIGALRM is ours: the rounds may set the budget's alarm
 
     def __call__(self, signum: int, frame: object) -> None:
-        self.asked = True
+        if signum == signal.SIGALRM:
+            self.out_of_time = True
+        else:
+            self.asked = True
         self.launcher.stop()
+
+    def alarm(self, seconds: float) -> None:
+        """SIGALRM in ``seconds`` (0: none): the budget's end, where the cells still running stop."""
+        if self.timed:
+            signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001) if seconds > 0 else 0.0)
 
 
 @contextmanager
@@ -303,16 +315,22 @@ def _stopped_by_signals(launcher: Launcher) -> Iterator[_Stop]:
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
         yield stop
         return
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
+    stop.timed = True
     try:
         yield stop
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
         for s, h in old.items():
             signal.signal(s, h)
 
 
 class _Interrupted(Exception):
     """Unwinds the rounds once a signal stopped the launcher."""
+
+
+class _OutOfTime(Exception):
+    """Unwinds the rounds once the budget's end stopped the launcher."""
 
 
 def run_atlas(
@@ -377,6 +395,8 @@ def run_atlas(
         return budget_s - FIGURE_RESERVE_S - state["spent_s"]
 
     def left() -> str:
+        if budget_s >= NO_LIMIT_S:
+            return "no budget limit"
         return f"{max(remaining(), 0.0) / 60:.1f} min of the budget left"
 
     tried: set[Job] = set()
@@ -407,14 +427,19 @@ def run_atlas(
             spend()
             write_json(state_path, state)
 
+        if budget_s < NO_LIMIT_S:  # cells still running when the budget is spent are stopped, kept
+            stop.alarm(budget_s - state["spent_s"])
         try:
             launcher.run_round([[*overrides(c, grid, scale), *extra] for c in batch[:k]], jobs, ended)
         finally:
+            stop.alarm(0)
             spend()
             write_json(state_path, state)
             write_json(plan_path, plan)
         if stop.asked:
             raise _Interrupted
+        if stop.out_of_time:
+            raise _OutOfTime
         return k
 
     seen = SeenRuns(runs_root, grid, scale)
@@ -425,10 +450,13 @@ def run_atlas(
                 for s, o in c.outcomes().items() if o != "missing"}
         return [j for j in batch if j not in tried and (j.arm, j.lr_index, j.seed) not in done]
 
+    budget = ("no budget limit" if budget_s >= NO_LIMIT_S else
+              f"budget {budget_s / 60:g} min ({FIGURE_RESERVE_S:.0f} s of it kept for the figures; a cell "
+              f"still running when it is spent is stopped and kept), {state['spent_s'] / 60:.1f} spent")
     log(
         f"lnexp atlas: {len(kinds)} schemes, lrs {', '.join(f'{x:g}' for x in grid.lrs)}, warm-up "
-        f"{grid.warmups}, depth {grid.depths}; budget {budget_s / 60:.0f} min, {state['spent_s'] / 60:.1f} "
-        f"spent, {jobs} {'job' if jobs == 1 else 'jobs'}, at most {max_seeds} seeds a cell"
+        f"{grid.warmups}, depth {grid.depths}; {budget}, {jobs} {'job' if jobs == 1 else 'jobs'}, at "
+        f"most {max_seeds} seeds a cell"
     )
     for copy, of in plan["same_network"].items():
         log(f"lnexp atlas: {copy} is the same network as {of} (configs/placement/): not run twice")
@@ -441,6 +469,9 @@ def run_atlas(
             plan["stopped"] = "interrupted: a signal stopped the rounds"
             write_json(plan_path, plan)
             return plan
+        except _OutOfTime:
+            plan["stopped"] = ("budget: spent while cells ran; they were stopped and kept (status "
+                               "interrupted): a larger --budget-min resumes them")
     log(f"lnexp atlas: {plan['stopped']}; {len(plan['not_run'])} cells of the last round not run")
     plan["claims"] = {v.claim.id: v.text for v in C.evaluate(grid, seen(), own, tried, max_seeds=max_seeds)}
     for cid, text in plan["claims"].items():
@@ -512,10 +543,19 @@ def full_grid_commands(scale: str, grid: Grid) -> list[str]:
         f"warmup={','.join(map(str, grid.warmups))} depth={','.join(map(str, grid.depths))} "
         f"seed={','.join(map(str, grid.seeds))}"
     )
+    # each other norm's placements, grouped so that one command sweeps every norm a placement shares
+    by_placement: dict[str, list[str]] = {}
+    for n, ps in norm_placements().items():
+        for p in ps:
+            if p in placements:
+                by_placement.setdefault(p, []).append(n)
+    same_norms: dict[tuple[str, ...], list[str]] = {}
+    for p, ns in by_placement.items():
+        same_norms.setdefault(tuple(ns), []).append(p)
     return [
         f"lnexp train -m {common} placement={','.join(placements)} norm=layernorm",
-        *(f"lnexp train -m {common} placement={','.join(ps)} norm={n}"
-          for n, ps in norm_placements().items()),
+        *(f"lnexp train -m {common} placement={','.join(ps)} norm={','.join(ns)}"
+          for ns, ps in same_norms.items()),
     ]
 
 
@@ -626,6 +666,11 @@ def main(argv: list[str]) -> int:
         "--full", action="store_true", help="print the full grid's lnexp train -m commands and exit"
     )
     ap.add_argument(
+        "--yes", action="store_true",
+        help="train a GPU scale (gpu, paper: the paper's model) on this machine's CPU with no budget "
+        "limit, where it has no GPU (else give --budget-min)",
+    )
+    ap.add_argument(
         "overrides",
         nargs="*",
         help="more lnexp train overrides for every run (e.g. "
@@ -640,6 +685,7 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--jobs {args.jobs}: give 1 or more")
     if not args.runs_root.strip():
         raise UserError("--runs-root is empty: give the folder that holds the runs, e.g. --runs-root runs")
+    _check_runs_root(Path(args.runs_root))
     args.launcher = args.launcher or launchers.named_in(args.overrides) or DEFAULT_LAUNCHER
     if args.launcher not in known:
         raise UserError(f"--launcher {args.launcher}: not a launcher; use one of {', '.join(known)}")
@@ -668,6 +714,10 @@ def main(argv: list[str]) -> int:
     check_overrides([*sample, *extra])
     read_state(args.runs_root)  # a damaged one is refused before anything is written
     cores, gpus, found = machine(args.overrides)
+    if args.scale not in CPU_SCALES and not gpus and not args.yes and args.budget_min is None:
+        raise UserError(f"--scale {args.scale} trains the paper's model, sized for a GPU, and this machine "
+                        f"has none ({found}): give --budget-min M to train it on this CPU within M minutes, "
+                        "or --yes to train it with no limit, or use --scale mini")
     max_update = _max_update(args.overrides)
     choice = choose_resources(cores, [(n, m) for _, n, m in gpus], args.scale, grid.depths, max_update,
                               args.jobs, args.budget_min, _memory_gib())
@@ -684,18 +734,66 @@ def main(argv: list[str]) -> int:
                          costs_for={"max_update": max_update, "device": choice.device, "jobs": choice.jobs,
                                     "launcher": args.launcher})
     if str(plan.get("stopped")).startswith("interrupted"):
-        done, stopped = len(plan["launched"]), len(plan["interrupted"])
+        done, stopped = session_counts(args.runs_root, args.scale, plan["launched"] + plan["interrupted"])
         print(f"lnexp atlas: interrupted: {done} {'cell' if done == 1 else 'cells'} finished in this "
               f"session, {stopped} stopped and kept (status interrupted); the same command resumes",
               file=sys.stderr)
         return INTERRUPTED
     failed = [int(f["status"]) for f in plan["failed"]]
     if failed:
-        print(f"lnexp atlas: error: {len(failed)} runs ended with an error (exit status "
-              f"{', '.join(map(str, sorted(set(failed))))}): their messages are above; fix, then run "
-              "the same command again to resume", file=sys.stderr)
+        print(f"lnexp atlas: error: {len(failed)} runs ended with an error ({_how(failed)}): their "
+              "messages are above; fix, then run the same command again to resume", file=sys.stderr)
         return 2 if 2 in failed else 1
     return 0
+
+
+def _how(statuses: list[int]) -> str:
+    """How cells ended, in words: exit statuses, and a signal's death as such (128 + N)."""
+    codes = sorted({s for s in statuses if s <= 128})
+    killed = sorted({s - 128 for s in statuses if s > 128 and s != INTERRUPTED})
+    words = [f"exit status {', '.join(map(str, codes))}"] if codes else []
+    for n in killed:
+        try:
+            name = signal.Signals(n).name
+        except ValueError:
+            name = "an unknown signal"
+        words.append(f"killed by signal {n} ({name})")
+    return "; ".join(words)
+
+
+def _check_runs_root(root: Path) -> None:
+    """A runs root that is a file (or lies under one) is refused before anything is read or written:
+    it is the folder of the runs, made if missing."""
+    for p in (root, *root.parents):
+        if p.exists():
+            if not p.is_dir():
+                where = "is a file" if p == root else f"lies under {p}, a file"
+                raise UserError(f"--runs-root {root} {where}, not a folder: give a folder (made if "
+                                "missing), e.g. --runs-root runs")
+            return
+
+
+def session_counts(runs_root: Path, scale: str, docs: list[dict]) -> tuple[int, int]:
+    """(finished, stopped and kept) among the cells of ``docs`` (those this session launched), as
+    each cell's own status.json says: a cell without a folder is neither."""
+    from lnexp.results import find_run_dirs, load_run
+    from lnexp.run_status import FINAL
+
+    experiments = (experiment_name(scale), f"atlas_dt_{scale}")
+    status: dict[tuple, str] = {}  # (scheme, warm-up, depth, dt, lr, seed) -> status word
+    for d in find_run_dirs(runs_root):
+        run = load_run(d, runs_root)
+        if run.experiment in experiments:
+            a = arm_of(run)
+            lr = f"{float(run.get('lr', math.nan)):.6g}"
+            status[(a.scheme.label, a.warmup, a.depth, a.dt, lr, int(run.get("seed", 0)))] = run.state
+
+    def of(doc: dict) -> str | None:
+        return status.get((doc["scheme"], doc["warmup"], doc["depth"], doc["dt"], f"{doc['lr']:.6g}",
+                           doc["seed"]))
+
+    words = [of(d) for d in docs]
+    return sum(w in FINAL for w in words), sum(w == "interrupted" for w in words)
 
 
 def _check_budget(choice: Choice, given: float | None) -> None:

@@ -145,8 +145,10 @@ class ProcessLauncher:
                 t0, slot = started.pop(i)
                 free.append(slot)
                 status = 128 - rc if rc < 0 else rc
-                if self._stopping and status in (INTERRUPTED, 128 + signal.SIGTERM, 128 + signal.SIGKILL):
-                    status = INTERRUPTED  # stopped by stop(), however far it had got
+                if self._stopping and (status == INTERRUPTED or rc < 0):
+                    # stopped by stop(), however far it had got: a signal's death then (an abort at
+                    # exit, after lnexp train recorded the interruption, too) is the stop's doing
+                    status = INTERRUPTED
                 ended(Ended(i, time.monotonic() - t0, status))
             if self._running:
                 time.sleep(self.POLL_S)

@@ -133,6 +133,11 @@ def allocate(needs: Iterable[Need], slots: int, remaining_s: float) -> list[Job]
 # so ~58 s a cell); 18+18 was not run there: 6+6's time x the CPU's 18/6 ratio.
 CPU_COST_S = {"mini": {6: 155.0, 18: 350.0}, "paper": {6: 3600.0, 18: 9000.0}}
 GPU_COST_S = {"mini": {6: 58.0, 18: 131.0}}
+MEASURED_ON = {"cpu": "measured on 2 CPU cores, 2 jobs", "gpu": "measured on one H200, 16 jobs"}
+MEASURED = {("mini", "cpu"), ("mini", "gpu")}  # (scale, device) whose costs above were measured
+# Scales sized for a CPU; the others train the paper's model (d=512), sized for GPUs: on a machine
+# without one, lnexp atlas asks for --yes or --budget-min before it trains that model on the CPU
+CPU_SCALES = ("mini",)
 REF_UPDATES = {"mini": 120, "gpu": 930, "paper": 8000}  # configs/experiment/atlas_SCALE.yaml max_update
 START_S = 15.0  # of a cell's time, what does not scale with its updates: start-up, data, the evaluation
 # Jobs one GPU sustains at a scale: mini 16 (measured on the H200: 16 jobs on 16 cores; 8 mini runs
@@ -219,22 +224,22 @@ def choose_resources(cores: int, gpus: list[tuple[str, float]], scale: str, dept
     cost = first_cost(scale, depths, max_update, bool(gpus))
     ref = REF_UPDATES.get(scale, REF_UPDATES["paper"])
     length = f"max_update={max_update}" if 0 < max_update < ref else f"{ref} updates, the experiment's"
-    where = ("measured on one H200, 16 jobs" if gpus and scale in GPU_COST_S
-             else "measured on 2 CPU cores, 2 jobs")
+    kind = "gpu" if gpus else "cpu"
+    where = (MEASURED_ON[kind] if (scale, kind) in MEASURED
+             else f"an estimate: not measured at the {scale} scale on a {kind.upper()}")
     why.append("a cell's first cost " + ", ".join(f"{cost[d]:.0f} s at {d}+{d}" for d in depths)
                + f" ({length}; {where}); measured cells replace it")
     if budget_min is not None:
         budget_s = budget_min * 60
         why.append(f"budget {budget_min:g} min (--budget-min)")
     elif scale == "mini":
-        kind = "gpu" if gpus else "cpu"
         budget_s = MINI_BUDGET_MIN[kind] * 60
         why.append(f"budget {MINI_BUDGET_MIN[kind]:g} min (mini's default on a "
                    + ("GPU: make atlas within a 15-minute GPU window)" if gpus
                       else "CPU: make atlas within 2 hours on 2 cores)"))
     else:
         budget_s = NO_LIMIT_S
-        why.append(f"no budget (the {scale} scale's default)")
+        why.append(f"no budget limit (the {scale} scale's default)")
     return Choice(chosen, budget_s, cost, device, tuple(why))
 
 

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from lnexp.atlas.launchers import Ended, register
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 class _Worker:
     proc: subprocess.Popen
     index: int | None = None  # the cell it trains, if any
+    cell: list[str] = field(default_factory=list)  # that cell's command line
     t0: float = 0.0
     reported: bool = False
     reader: threading.Thread | None = field(default=None, repr=False)
@@ -271,7 +273,7 @@ class WorkerLauncher:
         while todo and sum(w.index is not None for w in self.workers) < jobs:
             w = next((w for w in self.workers if w.index is None), None) or self._start(jobs > 1)
             index, cell = todo.popleft()
-            w.index, w.t0 = index, time.monotonic()
+            w.index, w.cell, w.t0 = index, list(cell), time.monotonic()
             try:
                 w.proc.stdin.write(json.dumps({"index": index, "cell": list(cell)}) + "\n")  # type: ignore[union-attr]
                 w.proc.stdin.flush()  # type: ignore[union-attr]
@@ -317,12 +319,16 @@ class WorkerLauncher:
             self.workers.remove(w)
         if w.index is not None and not w.reported:  # reported once; its cell counts as failed
             w.reported = True
-            how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+            status = INTERRUPTED if self.stopping else 128 - rc if rc < 0 else CRASH
             if not self.stopping:  # (a worker stopped between two cells ends: no failure)
-                self.log(f"lnexp atlas: the worker (pid {w.proc.pid}) training cell {w.index} ended "
-                         f"({how}): the cell counts as failed")
+                how = (f"was killed by signal {-rc} ({signal.Signals(-rc).name})" if rc < 0
+                       else f"ended (exit status {rc})")
+                folder = _folder_of(w.proc.pid, w.cell)
+                self.log(f"lnexp atlas: the worker (pid {w.proc.pid}) {how} while training the cell "
+                         f"`lnexp train {' '.join(w.cell)}`{f' ({folder})' if folder else ''}: the cell "
+                         "counts as failed")
             index, w.index = w.index, None
-            ended(Ended(index, time.monotonic() - w.t0, INTERRUPTED if self.stopping else CRASH))
+            ended(Ended(index, time.monotonic() - w.t0, status))
 
     def _drain(self, ended: Callable[[Ended], None]) -> None:
         """After stop(): wait for the running cells to record their interruption (killed past
@@ -339,6 +345,19 @@ class WorkerLauncher:
             except queue.Empty:
                 continue
             self._handle(worker, msg, ended)
+
+
+def _folder_of(pid: int, cell: list[str]) -> Path | None:
+    """The run folder a cell's ``lnexp train`` was training in process ``pid`` (its status.json says
+    so), under the cell's runs root; None where none does."""
+    root = Path(next((o.split("=", 1)[1] for o in reversed(cell) if o.startswith("runs_root=")), "runs"))
+    for status in root.glob("**/status.json"):
+        try:
+            if json.loads(status.read_text()).get("pid") == pid:
+                return status.parent
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 if __name__ == "__main__":
