@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import sys
 
+from lnexp.exit_status import Exit
+
 COMMANDS = {
     "train": ("lnexp.train.run", "one training run (Hydra overrides; -m for a sweep)"),
     "prepare": ("lnexp.data.cli", "prepare a corpus offline (lnexp prepare --help lists them)"),
@@ -44,25 +46,25 @@ def main(argv: list[str] | None = None) -> int:
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return Exit.OK
 
 
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
-        return 0
+        return Exit.OK
     if argv[0] in ("-V", "--version"):
         from lnexp import __version__
 
         print(f"lnexp {__version__}")
-        return 0
+        return Exit.OK
     if argv[0] in ("-sc", "--shell-completion"):
         return _complete(argv)
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"lnexp: unknown command {command!r}; use one of {', '.join(COMMANDS)} "
               "(lnexp --help)", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     import importlib
 
     from lnexp.errors import UserError
@@ -72,18 +74,18 @@ def _dispatch(argv: list[str]) -> int:
         return int(module.main(rest) or 0)
     except UserError as e:
         print(f"lnexp {command}: error: {e}", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     except BrokenPipeError:
         raise
     except OSError as e:  # a path the command could not read or write, where no check named it
         where = f"{e.filename}: " if e.filename else ""
         print(f"lnexp {command}: error: {where}{e.strerror or e}: check the path and that you may "
               "read or write there", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     except KeyboardInterrupt:
         print(f"lnexp {command}: interrupted; finished work is kept, re-run to resume",
               file=sys.stderr)
-        return 130
+        return Exit.INTERRUPTED
 
 
 def _complete(argv: list[str]) -> int:
@@ -102,7 +104,7 @@ def _complete(argv: list[str]) -> int:
     if len(words) == 1 or (len(words) == 2 and not line.endswith(" ")):
         prefix = words[1] if len(words) == 2 else ""
         print(" ".join(c for c in COMMANDS if c.startswith(prefix)))
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from lnexp import overrides as override
 from lnexp.errors import ConfigError
 from lnexp.names import CONFIG_DIR, NORMS, PLACEMENTS, PRECISIONS, SCHEDULES, option_files
 from lnexp.scheme import NUMBER_OR_FORMULA, Norm, Placement
@@ -53,16 +54,9 @@ def normalise(overrides: list[str]) -> list[str]:
     """Overrides as Hydra can take them: numeric options of a group (``depth=12``) become quoted
     strings, and any ``depth=N`` gets a config node; sweeps Hydra's basic sweeper cannot enumerate
     are refused with the fix."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
     out = []
     for text in overrides:
-        try:
-            o = parser.parse_override(text)
-        except HydraException as e:
-            raise ConfigError(f"{first_line(e)} (syntax: key=value, group=option)") from None
+        o = override.parse(text)
         key = o.get_key_element()
         if o.is_sweep_override() and not _enumerable(o):
             raise ConfigError(f"{text}: the basic sweeper takes lists and ranges, not "
@@ -88,12 +82,9 @@ def normalise(overrides: list[str]) -> list[str]:
 def given_once(overrides: list[str]) -> None:
     """A command line that sets a key twice is a mistake: Hydra would keep the last value silently,
     and both would name the run folder. (Code that composes may append overrides that win.)"""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
     first: dict[str, str] = {}
     for text in overrides:
-        key = parser.parse_override(text).get_key_element()
+        key = override.parse(text).get_key_element()
         if key in first:
             raise ConfigError(f"{key} is given twice ({first[key]} and {text}): give it once, or "
                               f"sweep both values with -m {key}=a,b")
@@ -192,13 +183,11 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     if "fairseq" in sys.modules:  # its Hydra schemas ("optimizer/adam") would shadow lnexp's groups
         hide_fairseq_schemas()
-    parser = OverridesParser.create()
 
     def resolved(overrides: list[str], raw: bool = False) -> DictConfig:
         try:
@@ -214,11 +203,9 @@ def composer() -> Iterator[Callable[[list[str]], DictConfig]]:
         overrides = normalise(list(overrides))
         if raw:
             return resolved(overrides, raw=True)
-        keys = [parser.parse_override(o).get_key_element() for o in overrides]
         # The same group options without the key=value overrides: each key's value there is the
         # type and an example of what the key takes.
-        groups = tuple(o for o, key in zip(overrides, keys, strict=True)
-                       if key.lstrip("+~") in GROUPS)
+        groups = tuple(o for o in overrides if override.key(o) in GROUPS)
         if groups not in _REFERENCES:
             _REFERENCES[groups] = OmegaConf.to_container(resolved(list(groups)))
         try:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lnexp import overrides as override
 from lnexp import run_status
 from lnexp.errors import ArgumentParser, UserError, cannot_write, output_file
 from lnexp.rundir import CHECKPOINTS, STATUS, effective_status, read_json, read_metrics, run_paths
@@ -67,10 +68,8 @@ class Run:
 
     @property
     def experiment(self) -> str:
-        for o in self.overrides:
-            if o.startswith("experiment="):
-                return o.split("=", 1)[1]
-        return ""
+        name = override.value(self.overrides, "experiment")
+        return "" if name is None else str(name)
 
     @property
     def scale(self) -> str | None:

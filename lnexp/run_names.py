@@ -31,6 +31,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lnexp import config, rundir
+from lnexp import overrides as override
 
 Composer = Callable[[list[str]], DictConfig]  # overrides -> the unresolved config, hydra node included
 _NOTED: set[str] = set()
@@ -51,7 +52,7 @@ def run_name(task_overrides: Any, exclude_keys: Any = (), runs_root: str = "",
     where only that folder exists under ``runs_root``. ``_root_``: the job's config (OmegaConf
     passes it), so that only the group choices' config is composed again."""
     exclude = set(exclude_keys or ())
-    overrides = [str(o) for o in (task_overrides or ()) if _key(str(o)) not in exclude]
+    overrides = [str(o) for o in (task_overrides or ()) if override.key(str(o)) not in exclude]
     with composing() as compose_raw:
         name, resolved = name_and_config(overrides, compose_raw,
                                          None if _root_ is None else task_config(_root_))
@@ -107,10 +108,7 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
                     full: DictConfig | None = None) -> tuple[str, dict[str, Any]]:
     """(folder name, the run's resolved config as plain values). ``full``: the run's config,
     unresolved, if the caller has it (else it is composed)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    parsed = [(text, parser.parse_override(text)) for text in config.normalise(list(overrides))]
+    parsed = [(text, override.parse(text)) for text in config.normalise(list(overrides))]
     groups = [(t, o) for t, o in parsed if _is_group(o)]
     if groups:  # a group's default choice changes nothing: leave it out before composing
         experiment = [t for t, o in groups if o.key_or_group == "experiment"]
@@ -133,7 +131,7 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
     kept += [(t, o) for t, o in values if not _same_without(o, raw, full, resolved)]
     items = [_spell(t, o, resolved) for t, o in kept]
     if _lookup(resolved, "schedule.name") == "linear":  # its length is part of what is trained
-        items = [s for s in items if s.split("=", 1)[0] not in config.LENGTH_KEYS]
+        items = [s for s in items if override.key(s) not in config.LENGTH_KEYS]
         items.append(f"max_epoch={resolved['max_epoch']}")
         if resolved.get("max_update"):
             items.append(f"max_update={resolved['max_update']}")
@@ -161,7 +159,7 @@ def legacy_name(overrides: str, cfg: dict[str, Any] | None = None) -> str:
     """The name older versions gave a run: its overrides as typed (Hydra's override_dirname)."""
     items = [s.replace("'", "").replace('"', "") for s in overrides.split(",") if s]
     if cfg is not None and _lookup(cfg, "schedule.name") == "linear":
-        items = [s for s in items if s.split("=", 1)[0] not in config.LENGTH_KEYS]
+        items = [s for s in items if override.key(s) not in config.LENGTH_KEYS]
         items.append(f"max_epoch={cfg['max_epoch']}")
         if cfg.get("max_update"):
             items.append(f"max_update={cfg['max_update']}")
@@ -213,10 +211,6 @@ def _remembered(where: str, compose_raw: Composer) -> Composer:
 
 
 _ABSENT = object()
-
-
-def _key(text: str) -> str:
-    return text.lstrip("+~").split("=", 1)[0].split("@", 1)[0]
 
 
 def _is_group(o) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from lnexp.exit_status import Exit
 from lnexp.names import PLACEMENTS
 from lnexp.scheme import about
 
@@ -48,10 +49,10 @@ def rewrite(page: str) -> str:
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m lnexp.scheme_table PAGE.md", file=sys.stderr)
-        return 2
+        return Exit.BAD_INPUT
     page = Path(argv[0])
     page.write_text(rewrite(page.read_text(encoding="utf-8")), encoding="utf-8")
-    return 0
+    return Exit.OK
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Any
 
 from lnexp.errors import ArgumentParser, UserError, at_least, finite
 from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
+from lnexp.exit_status import Exit
 from lnexp.results import RECORD, record_dir
 from lnexp.runtime.progress import DecodeProgress
 
@@ -179,7 +180,7 @@ def main(argv: list[str]) -> int:
         print(report(record), flush=True)
         if args.json:
             print(json.dumps(record), flush=True)
-    return 2 if failed else 0
+    return Exit.BAD_INPUT if failed else Exit.OK
 
 
 def quiet() -> None:

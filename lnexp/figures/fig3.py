@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lnexp import overrides as override
 from lnexp.errors import UserError, at_least
 from lnexp.figures import measured
 from lnexp.figures.checks import Check, print_checks, read_checks
@@ -214,8 +215,8 @@ def _after_warmup(args, cfg, data, batches, device, rows, timing) -> dict[str, A
     t = time.perf_counter()
     defaults = ["placement=post_ln", f"scale={args.scale}", f"max_update={warmup}", "seed=1",
                 "eval.subset=64"]
-    given = {o.split("=", 1)[0] for o in args.override}
-    overrides = [o for o in defaults if o.split("=", 1)[0] not in given] + args.override
+    given = {override.key(o) for o in args.override}
+    overrides = [o for o in defaults if override.key(o) not in given] + args.override
     wcfg = probes.compose_config(overrides)
     run_dir = args.runs_root / f"fig3_{args.scale}" / f"post_ln_warmup{warmup}"
     status = train_run(wcfg, run_dir)

@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lnexp import overrides as override
 from lnexp.errors import ArgumentParser, UserError, output_file
 from lnexp.results import Run, collect_runs, dotted_keys, parse_filters
 from lnexp.rundir import is_run_dir
@@ -51,7 +52,7 @@ def legend_keys(runs: list[Run]) -> list[str]:
                     if not isinstance(runs[0].get(k), dict) and not k.startswith(NOISE))
     differ = [k for k in leaves if len({repr(r.get(k)) for r in runs}) > 1 and not _text(k, runs)]
     derived = set.intersection(*(_derived(r) for r in runs)) if runs else set()
-    typed = {o.lstrip("+~").split("=", 1)[0] for r in runs for o in r.overrides}
+    typed = {override.key(o) for r in runs for o in r.overrides}
     differ = [k for k in differ if k not in derived or k in typed]
     chosen = {k.removesuffix(".name") for k in differ if k.endswith(".name")}
     return [k for k in differ if k.endswith(".name") or k.split(".")[0] not in chosen or k in typed]

@@ -27,15 +27,16 @@ log = logging.getLogger("lnexp.train")
 def sweep_size(multirun_yaml: Path) -> int | None:
     """Number of jobs of the sweep saved in multirun.yaml (None if unknown)."""
     try:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
         from omegaconf import OmegaConf
+
+        from lnexp import overrides as override
 
         cfg = OmegaConf.load(multirun_yaml)
         swept = OmegaConf.select(cfg, "hydra.sweeper.params")
         params = OmegaConf.to_container(swept, resolve=False) if swept else {}
         items = [f"{k}={v}" for k, v in params.items()] + list(cfg.hydra.overrides.task)
         sizes: dict[str, int] = {}
-        for o in OverridesParser.create().parse_overrides(items):
+        for o in override.parse_all(items):
             n = len(list(o.sweep_string_iterator())) if o.is_sweep_override() else 1
             sizes[o.get_key_element()] = n
         return math.prod(sizes.values())

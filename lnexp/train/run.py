@@ -16,11 +16,13 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from lnexp import logs
+from lnexp import overrides as override
 from lnexp.config import first_line as _first_line
 from lnexp.errors import ConfigError, UserError
+from lnexp.exit_status import Exit
 
 log = logging.getLogger("lnexp.train")
-# Each run that does not finish appends "kind<TAB>message" to this file (in runs_root, which a
+# Each run that does not finish appends "status<TAB>message" to this file (in runs_root, which a
 # cluster shares): a parallel launcher's jobs (joblib, submitit) run in other processes.
 FAILURES_ENV = "LNEXP_FAILURES_FILE"
 HYDRA_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path",
@@ -32,7 +34,7 @@ def _is_task_override(argv: list[str]) -> list[bool]:
     a flag's value, or a hydra.* / hydra/ override)?"""
     out, skip = [], False
     for a in argv:
-        flag = skip or a.startswith("-") or a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))
+        flag = skip or a.startswith("-") or override.is_hydra(a)
         skip = not skip and a in HYDRA_FLAGS_WITH_VALUE  # the flag's value follows it
         out.append(not flag)
     return out
@@ -45,19 +47,13 @@ def _task_overrides(argv: list[str]) -> list[str]:
 
 def check_overrides(argv: list[str]) -> Path:
     """Compose every value of every swept key once, and validate the result; returns runs_root."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     from lnexp import config
     from lnexp.data.registry import check_available
     from lnexp.train import settings
 
     overrides = config.normalise(_task_overrides(argv))
     config.given_once(overrides)
-    choices = []
-    for o in OverridesParser.create().parse_overrides(overrides):
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [
-            o.get_value_element_as_str()]
-        choices.append([f"{o.get_key_element()}={v}" for v in values])
+    choices = [override.choices(o) for o in override.parse_all(overrides)]
     with config.composer() as compose:
         for combo in _cover(choices):  # every value at least once, without the full cross product
             cfg = compose(combo)
@@ -93,7 +89,7 @@ def _job(cfg: DictConfig) -> None:
             print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
             _print_summary(run_dir)
     except (RunLocked, staging.ForeignFolder) as e:  # another process's run, or no run: not ours to touch
-        _record_failure("user", str(e))
+        _record_failure(Exit.BAD_INPUT, str(e))
         print(f"lnexp train: error: {e}", file=sys.stderr)
     except (UserError, OSError) as e:
         error = e if isinstance(e, UserError) else rundir.as_disk_error(
@@ -102,7 +98,7 @@ def _job(cfg: DictConfig) -> None:
             _crashed(run_dir, e)
             return
         rundir.record_failure(run_dir, str(error))  # keeps the epochs/updates already recorded
-        _record_failure("user", str(error))
+        _record_failure(Exit.BAD_INPUT, str(error))
         print(f"lnexp train: error: {error}", file=sys.stderr)
     except Exception as e:  # one failed run must not stop a sweep
         _crashed(run_dir, e)
@@ -120,33 +116,33 @@ def _crashed(run_dir: Path, e: Exception) -> None:
     except OSError:
         pass
     rundir.record_failure(run_dir, _first_line(e))
-    _record_failure("crash", _first_line(e))
+    _record_failure(Exit.CRASH, _first_line(e))
     print(f"lnexp train: {run_dir} failed: {_first_line(e)} (see {error_log})", file=sys.stderr)
 
 
-_KINDS_HERE: set[str] = set()  # the failures of this process's jobs, also where the file cannot grow
+_FAILED_HERE: set[Exit] = set()  # the failures of this process's jobs, also where the file cannot grow
 
 
-def _record_failure(kind: str, message: str) -> None:
-    _KINDS_HERE.add(kind)
+def _record_failure(status: Exit, message: str) -> None:
+    _FAILED_HERE.add(status)
     path = Path(os.environ[FAILURES_ENV])  # set by main() before any job starts
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
-            f.write(f"{kind}\t{message.splitlines()[0] if message else ''}\n")
+            f.write(f"{int(status)}\t{message.splitlines()[0] if message else ''}\n")
     except OSError:  # a full disk: the run's own error is what the user must see, not this one
         pass
 
 
-def _failure_kinds(path: Path | None) -> set[str]:
-    """Kinds of the runs that failed ("user", "crash"); removes the file."""
-    kinds = set(_KINDS_HERE)
-    _KINDS_HERE.clear()
+def _failures(path: Path | None) -> set[int]:
+    """The exit statuses of the runs that failed (BAD_INPUT, CRASH); removes the file."""
+    failed: set[int] = set(_FAILED_HERE)
+    _FAILED_HERE.clear()
     if path is None or not path.exists():
-        return kinds
-    kinds |= {ln.split("\t", 1)[0] for ln in path.read_text().splitlines() if ln}
+        return failed
+    failed |= {int(ln.split("\t", 1)[0]) for ln in path.read_text().splitlines() if ln}
     path.unlink()
-    return kinds
+    return failed
 
 
 def _print_summary(run_dir: Path) -> None:
@@ -245,7 +241,7 @@ def shell_completion(argv: list[str]) -> int:
         hydra.main(config_path=str(config.CONFIG_DIR), config_name="train", version_base="1.1")(_job)()
     finally:
         sys.argv = old
-    return 0
+    return Exit.OK
 
 
 def main(argv: list[str]) -> int:
@@ -259,7 +255,7 @@ def main(argv: list[str]) -> int:
         from lnexp.config_help import train_help
 
         print(train_help())
-        return 0
+        return Exit.OK
     run_names.register_resolver()
     staging.register_resolver()
     passive_wait_if_shared(argv)  # before torch is imported: OpenMP reads it once
@@ -297,9 +293,7 @@ def main(argv: list[str]) -> int:
     finally:
         sys.argv = old
         os.environ.pop(FAILURES_ENV, None)
-        kinds = _failure_kinds(failures)
-    if "user" in kinds:
-        return 2
-    return 1 if kinds else 0
+        failed = _failures(failures)
+    return Exit.worst(failed)
 
 
