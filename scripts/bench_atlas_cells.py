@@ -26,20 +26,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lnexp.atlas.launchers import Ended, make  # noqa: E402
+from lnexp.atlas.launchers import Ended, LaunchSetup, make  # noqa: E402
 
 
-def launcher(name: str):
+def launcher(name: str, setup: LaunchSetup):
     """The launcher the atlas itself would use (lnexp.atlas.launchers' registry)."""
-    return make(name)
+    return make(name, setup)
 
 
-def cells(scale: str, n: int, extra: list[str]) -> list[list[str]]:
-    from lnexp.atlas.driver import coverage, overrides, schemes
+def cells(scale: str, n: int) -> list:
+    """The atlas's first ``n`` coverage cells."""
     from lnexp.atlas.grid import read_grid
+    from lnexp.atlas.plan import coverage
+    from lnexp.atlas.schemes import schemes
 
-    grid = read_grid(scale)
-    return [[*overrides(j, grid, scale), *extra] for j in coverage(grid, schemes())[:n]]
+    return coverage(read_grid(scale), schemes())[:n]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             runs_root = root / f"round{r}-{name}"
-            batch = cells(args.scale, args.cells, [f"max_update={args.max_update}", "threads=1",
-                                                     *args.overrides, f"runs_root={runs_root}"])
+            batch = cells(args.scale, args.cells)
+            setup = LaunchSetup(runs_root, args.scale,
+                                overrides=(f"max_update={args.max_update}", "threads=1", *args.overrides))
             ends: list[Ended] = []
-            lau = launcher(name)
+            lau = launcher(name, setup)
             t0 = time.monotonic()
             lau.run_round(batch, args.jobs, ends.append)
             if hasattr(lau, "close"):

@@ -15,60 +15,64 @@ from pathlib import Path
 
 import pytest
 
-from lnexp.atlas import driver, launchers, plan
+from lnexp.atlas import budget, driver, launchers, plan, resources, rounds
 from lnexp.atlas.claims import MAX_SEEDS
+from lnexp.atlas.outcomes import Arm, Cell, Scheme
 from lnexp.errors import UserError
+from lnexp.runtime import host
+from lnexp.runtime.host import Gpu
 from tests.conftest import REPO, lnexp_main
 
-H200 = ("NVIDIA H200", 140.4)  # GiB, as nvidia-smi's 143,771 MiB
+H200 = Gpu("0", "NVIDIA H200", 140.4)  # GiB, as nvidia-smi's 143,771 MiB
 
 
 # --- the device-aware choice (pure) ----------------------------------------------------------------
 
 
 def test_two_cpu_cores_get_two_jobs_155_s_a_cell_and_100_minutes():
-    c = plan.choose_resources(2, [], "mini", (6, 18))
+    c = resources.choose_resources(2, [], "mini", (6, 18))
     assert (c.jobs, c.budget_s, c.cost_s, c.device) == (2, 6000.0, {6: 155.0, 18: 350.0}, "cpu")
     assert c.why[0] == "2 jobs (2 CPU cores: one 1-thread job a core)"
     assert "budget 100 min (mini's default on a CPU" in c.why[-1]
-    assert plan.seed_cap(c.budget_s, c.jobs, c.cost_s[6], MAX_SEEDS) == MAX_SEEDS  # as before
+    assert resources.seed_cap(c.budget_s, c.jobs, c.cost_s[6], MAX_SEEDS) == MAX_SEEDS  # as before
 
 
 def test_one_h200_with_16_cores_gets_16_jobs_58_s_a_cell_and_10_minutes():
-    c = plan.choose_resources(16, [H200], "mini", (6, 18))
+    c = resources.choose_resources(16, [H200], "mini", (6, 18))
     assert (c.jobs, c.budget_s, c.cost_s[6], c.device) == (16, 600.0, 58.0, "NVIDIA H200")
     assert "measured on one H200, 16 jobs" in c.why[1] and "15-minute GPU window" in c.why[-1]
     # ~1,000 cells an hour, as measured (2026-12-04)
     assert 950 <= 3600 / c.cost_s[6] * c.jobs <= 1050
     # post_ln_needs_warmup needs 13 seeds a cell at its stated effect: the GPU's budget affords them
-    assert plan.seed_cap(c.budget_s, c.jobs, c.cost_s[6], MAX_SEEDS) >= 13
+    assert resources.seed_cap(c.budget_s, c.jobs, c.cost_s[6], MAX_SEEDS) >= 13
     # fewer cores than the GPU sustains: one job a core; --jobs and --budget-min still decide
-    assert plan.choose_resources(4, [H200], "mini", (6,)).jobs == 4
-    mine = plan.choose_resources(16, [H200], "mini", (6,), jobs=3, budget_min=25)
+    assert resources.choose_resources(4, [H200], "mini", (6,)).jobs == 4
+    mine = resources.choose_resources(16, [H200], "mini", (6,), jobs=3, budget_min=25)
     assert (mine.jobs, mine.budget_s) == (3, 1500.0) and "(--jobs)" in mine.why[0]
 
 
 def test_several_gpus_share_the_cores_and_a_small_gpu_its_memory():
-    four = plan.choose_resources(64, [("NVIDIA A100-SXM4-80GB", 80.0)] * 4, "mini", (6, 18))
+    four = resources.choose_resources(64, [Gpu("0", "NVIDIA A100-SXM4-80GB", 80.0)] * 4, "mini", (6, 18))
     assert four.jobs == 64 and four.device == "4 x NVIDIA A100-SXM4-80GB"
-    assert plan.choose_resources(32, [H200] * 4, "mini", (6,)).jobs == 32  # the cores bind
-    assert plan.choose_resources(64, [("small", 4.0)] * 2, "mini", (6,)).jobs == 8  # 4 runs of 0.7 GiB a GPU
-    lean = plan.choose_resources(64, [], "mini", (6,), memory_gib=16.0)  # 1.6 GiB a mini cell
+    assert resources.choose_resources(32, [H200] * 4, "mini", (6,)).jobs == 32  # the cores bind
+    small = [Gpu("0", "small", 4.0)] * 2
+    assert resources.choose_resources(64, small, "mini", (6,)).jobs == 8  # 4 runs of 0.7 GiB a GPU
+    lean = resources.choose_resources(64, [], "mini", (6,), memory_gib=16.0)  # 1.6 GiB a mini cell
     assert lean.jobs == 10 and "16 GiB of memory hold 10" in lean.why[0]
-    paper = plan.choose_resources(64, [H200] * 2, "paper", (6, 18))
-    assert paper.jobs == 8 and paper.budget_s == plan.NO_LIMIT_S  # 4 paper runs a GPU, no budget
+    paper = resources.choose_resources(64, [H200] * 2, "paper", (6, 18))
+    assert paper.jobs == 8 and paper.budget_s == resources.NO_LIMIT_S  # 4 paper runs a GPU, no budget
 
 
 def test_the_first_cost_follows_max_update_and_jobs_are_capped_saying_so():
-    c = plan.choose_resources(2, [], "mini", (6, 18), max_update=5)
+    c = resources.choose_resources(2, [], "mini", (6, 18), max_update=5)
     assert c.cost_s == {6: 20.8, 18: 29.0} and "max_update=5" in c.why[1]
     # the smoke test of issue 42 (max_update=5 --budget-min 3) fits cells now; 155 s did not
-    assert plan.fits([c.cost_s[6]] * 10, c.jobs, 3 * 60 - driver.FIGURE_RESERVE_S) > 0
-    assert plan.fits([155.0] * 10, 2, 3 * 60 - driver.FIGURE_RESERVE_S) == 0
-    capped = plan.choose_resources(2, [], "mini", (6,), jobs=100000)
+    assert plan.fits([c.cost_s[6]] * 10, c.jobs, 3 * 60 - budget.FIGURE_RESERVE_S) > 0
+    assert plan.fits([155.0] * 10, 2, 3 * 60 - budget.FIGURE_RESERVE_S) == 0
+    capped = resources.choose_resources(2, [], "mini", (6,), jobs=100000)
     assert capped.jobs == 2 and capped.why[0].startswith("--jobs 100000 capped at 2 (2 CPU cores")
-    assert plan.choose_resources(16, [H200], "mini", (6,), jobs=100).jobs == 16
-    assert plan.smallest_budget_min({6: 155.0, 18: 350.0}, 60.0) == 3.6
+    assert resources.choose_resources(16, [H200], "mini", (6,), jobs=100).jobs == 16
+    assert resources.smallest_budget_min({6: 155.0, 18: 350.0}, 60.0) == 3.6
 
 
 # --- refusals, each one line before anything is written ---------------------------------------------
@@ -90,15 +94,15 @@ def test_a_damaged_state_file_is_refused_never_reset(tmp_path):
     root = tmp_path / "runs"
     root.mkdir()
     for text in ("{", "[]", '{"spent_s": "a lot"}'):
-        (root / driver.STATE_FILE).write_text(text)
+        (root / budget.STATE_FILE).write_text(text)
         out = lnexp_main("atlas", "--runs-root", str(root), cache=tmp_path / "cache", check=False)
         assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
         assert "atlas_state.json is damaged" in out.stderr and "delete it to grant" in out.stderr
-        assert (root / driver.STATE_FILE).read_text() == text and sorted(os.listdir(root)) == [
-            driver.STATE_FILE]
-    (root / driver.PLAN_FILE).write_text("{")  # the figure's reading of the plan is refused too
+        assert (root / budget.STATE_FILE).read_text() == text and sorted(os.listdir(root)) == [
+            budget.STATE_FILE]
+    (root / rounds.PLAN_FILE).write_text("{")  # the figure's reading of the plan is refused too
     with pytest.raises(UserError, match="atlas_plan.json is damaged .* rerun lnexp atlas"):
-        driver.read_plan(root)
+        rounds.read_plan(root)
 
 
 def test_a_second_atlas_on_one_runs_root_is_refused_and_a_dead_ones_lock_taken_over(tmp_path):
@@ -124,12 +128,16 @@ def test_a_second_atlas_on_one_runs_root_is_refused_and_a_dead_ones_lock_taken_o
 
 
 def test_the_process_launcher_stops_running_cells_and_starts_no_queued_one(tmp_path):
-    """Each cell a process that writes its CUDA_VISIBLE_DEVICES and sleeps; stop() (as the signal
-    handler calls it) ends the sleeping ones as interrupted and starts none of the queue."""
-    code = ("import os, sys, time; open(sys.argv[1], 'w').write(os.environ.get('CUDA_VISIBLE_DEVICES', '')); "
-            "time.sleep(float(sys.argv[2]))")
-    p = launchers.ProcessLauncher(gpus=("0", "1"), argv=[sys.executable, "-c", code])
-    cells = [[str(tmp_path / f"c{i}"), s] for i, s in enumerate(("0", "0", "60", "60", "0", "0"))]
+    """Each cell a process that writes its CUDA_VISIBLE_DEVICES to c{seed} and sleeps lr seconds;
+    stop() (as the signal handler calls it) ends the sleeping ones as interrupted and starts none of
+    the queue."""
+    code = ("import os, sys, time; kv = dict(a.split('=', 1) for a in sys.argv[1:]); "
+            "open(os.path.join(kv['runs_root'], 'c' + kv['seed']), 'w').write("
+            "os.environ.get('CUDA_VISIBLE_DEVICES', '')); time.sleep(float(kv['lr']))")
+    setup = launchers.LaunchSetup(tmp_path, gpus=("0", "1"))
+    p = launchers.ProcessLauncher(setup, argv=[sys.executable, "-c", code])
+    arm = Arm(Scheme("pre_ln"), 0, 6)
+    cells = [Cell(arm, s, i) for i, s in enumerate((0.0, 0.0, 60.0, 60.0, 0.0, 0.0))]
     ended: list[launchers.Ended] = []
     timer = threading.Timer(2.0, p.stop)
     timer.start()
@@ -197,7 +205,7 @@ def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_mul
     assert (cell / "checkpoints" / "checkpoint_last.pt").is_file()
 
     proc = start()  # the same command: the cell resumes; stopped once it has ended
-    ended = lambda: _status(root, driver.STATE_FILE).get("costs", {}).get("6")  # noqa: E731
+    ended = lambda: _status(root, budget.STATE_FILE).get("costs", {}).get("6")  # noqa: E731
     _wait(ended, proc, "the cell resumed and ended")
     proc.send_signal(signal.SIGINT)
     out = proc.communicate(timeout=30)[0]
@@ -213,7 +221,7 @@ def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_mul
 
     with pytest.raises(UserError, match="deleted when it ended .*checkpoint.at_end=keep"):
         resolve(cell, "best")  # a trained cell, not an untrained one
-    state = json.loads((root / driver.STATE_FILE).read_text())
+    state = json.loads((root / budget.STATE_FILE).read_text())
     assert state["spent_s"] > 0 and state["costs"]["6"]  # the budget spent is kept across sessions
     from omegaconf import OmegaConf
 
@@ -228,12 +236,12 @@ def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_mul
 def test_the_gpus_are_read_from_nvidia_smi_and_cuda_visible_devices():
     listing = "0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n2, NVIDIA A100-SXM4-80GB, 81920\n"
     h200, a100 = ("NVIDIA H200", 143771 / 1024), ("NVIDIA A100-SXM4-80GB", 80.0)
-    assert driver.gpus_of(listing, None) == [("0", *h200), ("1", *h200), ("2", *a100)]
-    assert driver.gpus_of(listing, "2,0") == [("0", *a100), ("1", *h200)]  # as the cells number them
-    assert driver.gpus_of(listing, "") == [] and driver.gpus_of(listing, "-1") == []
-    assert [g[0] for g in driver.gpus_of(listing, "GPU-aa,GPU-bb")] == ["0", "1"]
-    assert driver.gpus_of("No devices were found\n", None) == []
-    cores, gpus, why = driver.machine(["device=cpu"])
+    assert host.gpus_of(listing, None) == [Gpu("0", *h200), Gpu("1", *h200), Gpu("2", *a100)]
+    assert host.gpus_of(listing, "2,0") == [Gpu("0", *a100), Gpu("1", *h200)]  # as the cells number them
+    assert host.gpus_of(listing, "") == [] and host.gpus_of(listing, "-1") == []
+    assert [g.id for g in host.gpus_of(listing, "GPU-aa,GPU-bb")] == ["0", "1"]
+    assert host.gpus_of("No devices were found\n", None) == []
+    cores, gpus, why = resources.machine(["device=cpu"])
     assert cores >= 1 and gpus == [] and why == "device=cpu given"
 
 
@@ -254,11 +262,11 @@ def test_a_signal_ends_the_rounds_and_no_further_cell_starts(tmp_path):
 
     launcher.fn = third_is_stopped
     before = signal.getsignal(signal.SIGINT)
-    out = driver.run_atlas(root, "mini", 1e9, 2, launcher, GRID, log=lambda s: None, kinds=FEW)
+    out = rounds.run_atlas(root, "mini", 1e9, 2, launcher, GRID, log=lambda s: None, schemes=FEW)
     assert out["stopped"].startswith("interrupted") and len(log) == 3
     assert signal.getsignal(signal.SIGINT) is before  # the driver's handler is put back
-    assert json.loads((root / driver.PLAN_FILE).read_text())["stopped"] == out["stopped"]
-    assert json.loads((root / driver.STATE_FILE).read_text())["costs"]["6"] == [100.0] * 3
+    assert json.loads((root / rounds.PLAN_FILE).read_text())["stopped"] == out["stopped"]
+    assert json.loads((root / budget.STATE_FILE).read_text())["costs"]["6"] == [100.0] * 3
 
 
 # --- issue 49: what a held-out fuzz found ---------------------------------------------------------
@@ -285,7 +293,7 @@ def test_a_gpu_scale_on_a_machine_without_a_gpu_asks_before_it_trains(tmp_path):
     assert "--budget-min M" in out.stderr and "--yes" in out.stderr
     assert not root.exists()
     # its first cost is an estimate, said so; without a budget none is printed as minutes
-    c = plan.choose_resources(2, [], "gpu", (6, 18), max_update=5)
+    c = resources.choose_resources(2, [], "gpu", (6, 18), max_update=5)
     assert "an estimate: not measured at the gpu scale on a CPU" in c.why[1]
     assert "measured on 2 CPU cores" not in c.why[1] and c.why[-1].startswith("no budget limit")
 
@@ -295,11 +303,11 @@ def test_the_first_line_says_what_the_budget_keeps_and_no_limit_is_no_number(tmp
 
     for budget_s, says in ((300.0, "budget 5 min (60 s of it kept for the figures; a cell still running "
                                     "when it is spent is stopped and kept), 0.0 spent"),
-                           (plan.NO_LIMIT_S, "no budget limit")):
+                           (resources.NO_LIMIT_S, "no budget limit")):
         lines: list[str] = []
         root = tmp_path / str(budget_s)
-        driver.run_atlas(root, "mini", budget_s, 2, fake_launcher(root, {}, []), GRID, log=lines.append,
-                         kinds=FEW[:1], cost_s={6: 1.0, 18: 3.0})
+        rounds.run_atlas(root, "mini", budget_s, 2, fake_launcher(root, {}, []), GRID, log=lines.append,
+                         schemes=FEW[:1], cost_s={6: 1.0, 18: 3.0})
         assert says in lines[0], lines[0]
         assert not any("16666667" in ln for ln in lines)
 
@@ -328,11 +336,11 @@ def test_cells_still_running_when_the_budget_is_spent_are_stopped_and_kept(tmp_p
     make the atlas overrun its budget: the cells running at its end stop there, kept to resume."""
     from tests.test_atlas_zoo import FEW, GRID
 
-    monkeypatch.setattr(driver, "FIGURE_RESERVE_S", 0.0)
+    monkeypatch.setattr(budget, "FIGURE_RESERVE_S", 0.0)
     before = signal.getsignal(signal.SIGALRM)
     t0 = time.monotonic()
-    out = driver.run_atlas(tmp_path / "runs", "mini", 2.0, 2, Sleeper(), GRID, log=lambda s: None,
-                           kinds=FEW[:1], cost_s={6: 1.0, 18: 3.0})
+    out = rounds.run_atlas(tmp_path / "runs", "mini", 2.0, 2, Sleeper(), GRID, log=lambda s: None,
+                           schemes=FEW[:1], cost_s={6: 1.0, 18: 3.0})
     assert time.monotonic() - t0 < 10
     assert out["stopped"].startswith("budget: spent while cells ran") and len(out["interrupted"]) == 2
     assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
@@ -379,20 +387,20 @@ def test_the_interrupted_summary_counts_what_each_cells_status_says(tmp_path, mo
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lnexp atlas: interrupted")]
     assert err == ["lnexp atlas: interrupted: 0 cells finished in this session, 2 stopped and kept "
                    "(status interrupted); the same command resumes"]
-    plan_doc = json.loads((root / driver.PLAN_FILE).read_text())
+    plan_doc = json.loads((root / rounds.PLAN_FILE).read_text())
     assert plan_doc["launched"] == [] and len(plan_doc["interrupted"]) == 2  # no cost from a cut cell
-    assert json.loads((root / driver.STATE_FILE).read_text())["costs"] == {}
+    assert json.loads((root / budget.STATE_FILE).read_text())["costs"] == {}
 
 
 def test_a_failed_cell_is_counted_by_its_status_and_a_killed_one_named_as_killed(tmp_path):
-    from tests.test_atlas_zoo import fake_launcher
+    from lnexp.exit_status import describe
+    from tests.test_atlas_zoo import FEW, GRID, fake_launcher
 
     root = tmp_path / "runs"
     launch = fake_launcher(root, {}, [])
-    ovr = ["experiment=atlas_mini", "placement=pre_ln", "norm=layernorm", "depth=6", "lr=0.001", "seed=1"]
-    launch([*ovr, "warmup=0"])  # a trained cell
-    doc = {"scheme": "pre_ln", "placement": "pre_ln", "norm": "layernorm", "depth": 6, "lr": 0.001,
-           "seed": 1, "dt": 1.0}
-    docs = [{**doc, "warmup": 0}, {**doc, "warmup": 40}]  # the second never made its folder
-    assert driver.session_counts(root, "mini", docs) == (1, 0)
-    assert driver._how([2, 1, 137, 2]) == "exit status 1, 2; killed by signal 9 (SIGKILL)"
+    trained, never = Cell(Arm(Scheme("pre_ln"), 0, 6), 1e-3, 1), Cell(Arm(Scheme("pre_ln"), 40, 6), 1e-3, 1)
+    launch(trained.overrides("atlas_mini"))
+    run = rounds.AtlasRun(root, "mini", budget.Budget(root, 1e9, {6: 1.0}), 1, launch, GRID, FEW[:1], 12)
+    run.session = [trained, never]  # the second never made its folder
+    assert run.counts() == (1, 0)
+    assert describe([2, 1, 137, 2]) == "exit status 1, 2; killed by signal 9 (SIGKILL)"

@@ -1,7 +1,8 @@
 """The atlas's launchers: the cell worker (cells one after another in one process) trains each cell
 to the same numbers, bit for bit, as ``lnexp train`` in its own process; a failed cell, a dead
 worker and a stop are each reported once; submitit's local executor trains a round as one array
-whose runs the atlas's reader finds (real fairseq, real submitit, tiny cells)."""
+whose runs the atlas's reader finds (real fairseq, real submitit, tiny cells); with GPUs, each
+worker is pinned to one, round robin."""
 
 from __future__ import annotations
 
@@ -9,21 +10,27 @@ import json
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from lnexp.atlas.launchers import Ended, make
+from lnexp import overrides as override
+from lnexp.atlas.launchers import Ended, LaunchSetup, make
+from lnexp.atlas.outcomes import Arm, Cell, Scheme
 from lnexp.rundir import read_metrics, read_updates, run_paths
 from tests.conftest import TINY, lnexp_cmd, lnexp_main
 
-# TINY's 2+2-layer model, one epoch of 6 updates, BLEU on 20 sentences: seconds a cell
-FAST = [o for o in TINY if not o.startswith(("max_epoch=", "lr="))] + [
-    "eval.subset=20", "threads=1"]
-CELL_A = ["placement=pre_ln", "seed=1", "lr=1e-4"]
-CELL_B = ["placement=post_ln", "seed=2", "lr=3e-4"]
+# every cell's overrides: TINY's but those a cell sets (depth, lr, warm-up), one epoch of 6 updates,
+# BLEU on 20 sentences: seconds a cell; the cells are TINY's 2+2 layers without warm-up
+FAST = [o for o in TINY if override.key(o) not in ("max_epoch", "lr", "warmup", "depth.encoder_layers",
+                                                    "depth.decoder_layers")] + ["eval.subset=20", "threads=1"]
+CELL_A = Cell(Arm(Scheme("pre_ln"), 0, 2), 1e-4, 1)
+CELL_B = Cell(Arm(Scheme("post_ln"), 0, 2), 3e-4, 2)
+BAD = Cell(Arm(Scheme("no_such_placement"), 0, 2), 1e-4, 1)  # fails at once, exit status 2
 TIMING = {"wall_s", "seconds", "updates_per_s", "tokens_per_s", "time"}  # what may differ
 
 
@@ -32,14 +39,25 @@ def corpus(tmp_path_factory, small_multi30k) -> tuple[Path, Path]:
     """(the small corpus, a cache where it is prepared): prepared before any launcher runs, so that
     two cells started at once do not both prepare it."""
     cache = tmp_path_factory.mktemp("launchers-cache")
-    lnexp_main("train", f"dataset.dir={small_multi30k}", *FAST, "max_epoch=1", "max_update=1",
-               f"runs_root={cache / 'warm'}", cache=cache)
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *CELL_A.overrides(), *FAST, "max_epoch=1",
+               "max_update=1", f"runs_root={cache / 'warm'}", cache=cache)
     return small_multi30k, cache
 
 
-def _cell(corpus: tuple[Path, Path], root: Path, *over: str) -> list[str]:
-    length = [] if any(o.startswith("max_epoch=") for o in over) else ["max_epoch=1"]
-    return [f"dataset.dir={corpus[0]}", *FAST, *length, *over, f"runs_root={root}"]
+def _setup(corpus: tuple[Path, Path], root: Path, *more: str) -> LaunchSetup:
+    """Cells under ``root`` on the small corpus, one epoch each unless ``more`` says."""
+    length = [] if any(o.startswith("max_epoch=") for o in more) else ["max_epoch=1"]
+    return LaunchSetup(root, overrides=(f"dataset.dir={corpus[0]}", *FAST, *length, *more))
+
+
+def _run_of(root: Path, cell: Cell) -> Path:
+    """The run folder of ``cell`` under ``root``, as the atlas reads a run's cell."""
+    from lnexp.atlas.outcomes import arm_of
+    from lnexp.results import load_run
+
+    runs = [load_run(p.parent) for p in root.glob("**/status.json")]
+    (d,) = [r.dir for r in runs if Cell(arm_of(r), float(r.get("lr")), int(r.get("seed"))) == cell]
+    return d
 
 
 def _numbers(run_dir: Path) -> tuple[list[dict], list[dict], str]:
@@ -61,20 +79,17 @@ def test_worker_cells_equal_their_own_processes_bit_for_bit(tmp_path, corpus):
     each run's losses, BLEU and status equal those of `lnexp train` of it in its own process."""
     env = {**os.environ, "LNEXP_CACHE": str(corpus[1])}
     alone = {}
-    for name, over in (("a", CELL_A), ("b", CELL_B)):
-        lnexp_cmd("train", *_cell(corpus, tmp_path / "alone" / name, *over), cache=corpus[1])
+    for name, cell in (("a", CELL_A), ("b", CELL_B)):
+        lnexp_cmd("train", *_setup(corpus, tmp_path / "alone" / name).command(cell), cache=corpus[1])
         alone[name] = _numbers(_only_run(tmp_path / "alone" / name))
-    cells = [_cell(corpus, tmp_path / "worker" / "bad", "placment=pre_ln"),
-             _cell(corpus, tmp_path / "worker" / "a", *CELL_A),
-             _cell(corpus, tmp_path / "worker" / "b", *CELL_B)]
     ends: list[Ended] = []
-    with make("worker", env=env) as launcher:
-        launcher.run_round(cells, 1, ends.append)
+    with make("worker", _setup(corpus, tmp_path / "worker"), env=env) as launcher:
+        launcher.run_round([BAD, CELL_A, CELL_B], 1, ends.append)
         pids = {w.proc.pid for w in launcher.workers}
     assert len(pids) == 1  # one process trained all three
     assert [(e.index, e.status) for e in ends] == [(0, 2), (1, 0), (2, 0)]  # the bad override: 2
-    for name in ("a", "b"):
-        metrics, updates, status = _numbers(_only_run(tmp_path / "worker" / name))
+    for name, cell in (("a", CELL_A), ("b", CELL_B)):
+        metrics, updates, status = _numbers(_run_of(tmp_path / "worker", cell))
         assert status == "done"
         assert metrics == alone[name][0] and len(metrics) == 1
         assert updates == alone[name][1] and len(updates) == 6
@@ -103,20 +118,21 @@ def _running(root: Path, launcher) -> bool:
 
 def test_a_dead_worker_is_reported_once_and_stop_interrupts_the_running_cell(tmp_path, corpus):
     env = {**os.environ, "LNEXP_CACHE": str(corpus[1])}
-    long = _cell(corpus, tmp_path / "long", *CELL_A, "max_epoch=50")
+    setup = _setup(corpus, tmp_path / "long", "max_epoch=50")
     lines: list[str] = []
     ends: list[Ended] = []
-    with make("worker", env=env, log=lines.append) as launcher:
+    with make("worker", setup, env=env, log=lines.append) as launcher:
         def kill() -> None:
             _when(lambda: _running(tmp_path / "long", launcher))
             os.kill(launcher.workers[0].proc.pid, signal.SIGKILL)
 
         threading.Thread(target=kill, daemon=True).start()
-        launcher.run_round([long], 1, ends.append)
+        launcher.run_round([CELL_A], 1, ends.append)
         assert [(e.index, e.status) for e in ends] == [(0, 137)]  # 128 + 9, as a killed process's
         assert len(lines) == 1 and "was killed by signal 9 (SIGKILL)" in lines[0], lines
-        assert "counts as failed" in lines[0] and " ".join(long) in lines[0]  # named by its overrides
-        assert f"({_only_run(tmp_path / 'long')})" in lines[0]  # and its folder
+        assert "counts as failed" in lines[0] and CELL_A.label in lines[0]  # named as a cell,
+        assert " ".join(setup.command(CELL_A)) in lines[0]  # by its overrides
+        assert f", {_only_run(tmp_path / 'long')})" in lines[0]  # and its folder
 
         ends.clear()
         def stop() -> None:
@@ -124,33 +140,31 @@ def test_a_dead_worker_is_reported_once_and_stop_interrupts_the_running_cell(tmp
             launcher.stop()
 
         threading.Thread(target=stop, daemon=True).start()
-        queued = _cell(corpus, tmp_path / "queued", *CELL_B)
-        launcher.run_round([long, queued], 1, ends.append)  # a new worker resumes the long cell
-    assert [(e.index, e.status) for e in ends] == [(0, 130)]  # the queued cell never started
+        launcher.run_round([CELL_A, CELL_B], 1, ends.append)  # a new worker resumes the long cell
+    assert [(e.index, e.status) for e in ends] == [(0, 130)]  # the queued cell never started:
     assert json.loads(run_paths(_only_run(tmp_path / "long"))["status"].read_text())["status"] == \
-        "interrupted"
-    assert not (tmp_path / "queued").exists()
+        "interrupted"  # (the only folder there)
     assert len(lines) == 1
 
 
 def test_a_submitit_local_round_trains_and_the_atlas_reads_its_runs(tmp_path, corpus):
     """A round of 2 atlas cells as one submitit array (local executor, real submitit): both train,
     and the atlas's reader finds them as finished cells; a task that cannot start is reported once."""
-    from lnexp.atlas.driver import SeenRuns, coverage, overrides, schemes
     from lnexp.atlas.grid import read_grid
+    from lnexp.atlas.plan import coverage
+    from lnexp.atlas.rounds import SeenRuns
+    from lnexp.atlas.schemes import schemes
 
     grid = read_grid("mini")
     root = tmp_path / "runs"
-    extra = [f"dataset.dir={corpus[0]}", "dataset.vocab_size=600", "depth.encoder_layers=2",
-             "depth.decoder_layers=2", "max_update=2", "eval.subset=5", f"runs_root={root}",
-             "hydra.launcher.timeout_min=10"]
-    jobs = [j for j in coverage(grid, schemes()) if j.arm.scheme.placement == "pre_ln"
-            and j.arm.scheme.norm == "layernorm"]
-    assert len(jobs) == 2  # with and without warm-up
-    cells = [[*overrides(j, grid, "mini"), *extra] for j in jobs]
+    every = (f"dataset.dir={corpus[0]}", "dataset.vocab_size=600", "depth.encoder_layers=2",
+             "depth.decoder_layers=2", "max_update=2", "eval.subset=5")
+    setup = LaunchSetup(root, "mini", overrides=every, settings=("hydra.launcher.timeout_min=10",))
+    cells = [c for c in coverage(grid, schemes()) if c.arm.scheme == Scheme("pre_ln")]
+    assert len(cells) == 2  # with and without warm-up
     lines: list[str] = []
     ends: list[Ended] = []
-    launcher = make("submitit_local", log=lines.append)
+    launcher = make("submitit_local", setup, log=lines.append)
     os.environ["LNEXP_CACHE"] = str(corpus[1])  # the tasks inherit this process's environment
     try:
         launcher.run_round(cells, 2, ends.append)
@@ -166,7 +180,8 @@ def test_a_submitit_local_round_trains_and_the_atlas_reads_its_runs(tmp_path, co
 
     lines.clear()
     ends.clear()  # a task whose process never runs the cell (its setup fails): one line, failed
-    launcher.run_round([[*cells[0], "hydra.launcher.setup=[exit 3]"]], 1, ends.append)
+    failing = replace(setup, settings=(*setup.settings, "hydra.launcher.setup=[exit 3]"))
+    make("submitit_local", failing, log=lines.append).run_round(cells[:1], 1, ends.append)
     assert [(e.index, e.status) for e in ends] == [(0, 1)]
     assert len(lines) == 2 and "(cell 0) failed" in lines[1] and ".err" in lines[1]
 
@@ -176,15 +191,15 @@ def test_the_arrays_settings_are_checked_before_any_round():
     from lnexp.errors import UserError
 
     with pytest.raises(UserError, match="partion.*submitit_slurm's keys: .*partition"):
-        make("submitit_slurm", overrides=["runs_root=r", "hydra.launcher.partion=gpu"])
-    folder, params = launcher_settings("slurm", ["runs_root=r", "hydra/launcher=submitit_slurm",
-                                                 "hydra.launcher.partition=gpu",
-                                                 "hydra.launcher.gpus_per_node=1"])
+        make("submitit_slurm", LaunchSetup(Path("r"), settings=("hydra.launcher.partion=gpu",)))
+    folder, params = launcher_settings("slurm", Path("r"), ["hydra/launcher=submitit_slurm",
+                                                            "hydra.launcher.partition=gpu",
+                                                            "hydra.launcher.gpus_per_node=1"])
     assert folder == "r/.submitit/%j"
     assert params["slurm_partition"] == "gpu" and params["gpus_per_node"] == 1
     with pytest.raises(UserError,
                        match="--launcher nowhere: not a launcher; use one of .*worker.*submitit_slurm"):
-        make("nowhere")
+        make("nowhere", LaunchSetup(Path("r")))
     from lnexp.atlas.launchers import named_in
 
     assert named_in(["max_update=20", "hydra/launcher=submitit_slurm"]) == "submitit_slurm"
@@ -192,4 +207,39 @@ def test_the_arrays_settings_are_checked_before_any_round():
     assert named_in(["hydra/launcher=joblib"]) is None and named_in([]) is None
     if shutil.which("srun") is None:  # no SLURM here: one line, no traceback, nothing submitted
         with pytest.raises(UserError, match="--launcher submitit_slurm: .*srun.*login node"):
-            make("submitit_slurm").run_round([["runs_root=r"]], 1, print)
+            make("submitit_slurm", LaunchSetup(Path("r"))).run_round([CELL_A], 1, print)
+
+
+# A worker as the launcher starts it (python -m lnexp.atlas.worker --result-fd N), training nothing:
+# each cell writes the GPU its process sees to RUNS_ROOT/gpu-seedN and ends with status 0
+FAKE_WORKER = """
+import json, os, sys
+results = os.fdopen(int(sys.argv[sys.argv.index("--result-fd") + 1]), "w")
+for line in sys.stdin:
+    job = json.loads(line)
+    kv = dict(o.split("=", 1) for o in job["cell"])
+    with open(os.path.join(kv["runs_root"], "gpu-seed" + kv["seed"]), "w") as f:
+        f.write(os.environ.get("CUDA_VISIBLE_DEVICES", "none"))
+    results.write(json.dumps({"index": job["index"], "status": 0, "seconds": 0.0}) + "\\n")
+    results.flush()
+"""
+
+
+def test_each_worker_is_pinned_to_a_gpu_round_robin(tmp_path):
+    """2 GPUs (nvidia-smi's listing, faked) and 4 jobs: the 4 workers see CUDA_VISIBLE_DEVICES 0, 1,
+    0, 1 (job slots round robin, as the process launcher's), not all GPU 0."""
+    from lnexp.runtime.host import gpus_of
+
+    listing = "0, NVIDIA H200, 143771\n1, NVIDIA H200, 143771\n"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_WORKER}")
+    fake.chmod(0o755)
+    setup = LaunchSetup(tmp_path, gpus=tuple(g.id for g in gpus_of(listing, None)))
+    cells = [Cell(Arm(Scheme("pre_ln"), 0, 6), 1e-3, seed) for seed in (1, 2, 3, 4)]
+    ends: list[Ended] = []
+    with make("worker", setup, python=str(fake)) as launcher:
+        launcher.run_round(cells, 4, ends.append)
+        assert sorted(w.slot for w in launcher.workers) == [0, 1, 2, 3]
+    assert sorted((e.index, e.status) for e in ends) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    seen = {seed: (tmp_path / f"gpu-seed{seed}").read_text() for seed in (1, 2, 3, 4)}
+    assert seen == {1: "0", 2: "1", 3: "0", 4: "1"}

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from lnexp.atlas import driver
+from lnexp.atlas import budget, resources, rounds, schemes
 from lnexp.atlas.claims import MAX_SEEDS, claim_cells
 from lnexp.atlas.grid import Grid
 from lnexp.atlas.launchers import Ended
-from lnexp.atlas.outcomes import Arm, Scheme
-from lnexp.atlas.plan import Job, bracket, fits, next_cells
+from lnexp.atlas.outcomes import Arm, Cell, Scheme
+from lnexp.atlas.plan import bracket, coverage, fits, next_cells
 from tests.test_figures_fig2_fig4 import fake_run
 
 LRS = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)
@@ -30,14 +30,15 @@ CLAIMED += [Scheme("pre_ln", "dyt"), Scheme("post_ln", "dyt")]
 PLATEAU = {"reason": "plateau: valid nll 8.10 bits >= unigram entropy 8.35 - 0.5", "update": 120, "epoch": 1}
 
 
-def bisect(limit: int, n: int = 5, shared: int = 1) -> tuple[list[int], tuple[int, int]]:
-    """Run the bisection of one arm against a monotone oracle (stable up to index ``limit``)."""
+def bisect(limit: int) -> tuple[list[int], tuple[int, int]]:
+    """Run the bisection of one arm against a monotone oracle (stable up to GRID's lr index
+    ``limit``); the probes as lr indices."""
     arm, seen, probes = Arm(Scheme("pre_ln"), 0, 6), {}, []
-    while cells := next_cells([arm], n, shared, seen, (1,)):
+    while cells := next_cells([arm], GRID, seen, (1,)):
         (c,) = cells
-        probes.append(c.lr_index)
-        seen[(arm, c.lr_index)] = {1: "trained" if c.lr_index <= limit else "plateau"}
-    return probes, bracket(arm, n, seen)
+        probes.append(LRS.index(c.lr))
+        seen[(arm, c.lr)] = {1: "trained" if LRS.index(c.lr) <= limit else "plateau"}
+    return probes, bracket(arm, LRS, seen)
 
 
 def test_bisection_starts_at_the_shared_lr_and_brackets_the_limit():
@@ -49,11 +50,11 @@ def test_bisection_starts_at_the_shared_lr_and_brackets_the_limit():
 
 def test_boundary_gets_the_other_seeds_and_a_failing_seed_moves_it():
     arm = Arm(Scheme("post_ln", "dyt"), 40, 18)
-    seen = {(arm, 1): {1: "trained"}, (arm, 2): {1: "plateau"}}
-    assert next_cells([arm], 5, 1, seen, (1, 2)) == [Job(arm, 1, 2), Job(arm, 2, 2)]
-    assert next_cells([arm], 5, 1, seen, (1, 2), pending={Job(arm, 1, 2)}) == [Job(arm, 2, 2)]
-    seen[(arm, 1)][2] = "diverged"  # seed 2 fails at the lower lr: the bisection goes on below it
-    assert next_cells([arm], 5, 1, seen, (1, 2)) == [Job(arm, 0, 1)]
+    seen = {(arm, LRS[1]): {1: "trained"}, (arm, LRS[2]): {1: "plateau"}}
+    assert next_cells([arm], GRID, seen, (1, 2)) == [Cell(arm, LRS[1], 2), Cell(arm, LRS[2], 2)]
+    assert next_cells([arm], GRID, seen, (1, 2), pending={Cell(arm, LRS[1], 2)}) == [Cell(arm, LRS[2], 2)]
+    seen[(arm, LRS[1])][2] = "diverged"  # seed 2 fails at the lower lr: the bisection goes on below it
+    assert next_cells([arm], GRID, seen, (1, 2)) == [Cell(arm, LRS[0], 1)]
 
 
 def test_fits_schedules_the_prefix_on_the_jobs():
@@ -64,8 +65,8 @@ def test_fits_schedules_the_prefix_on_the_jobs():
 
 
 class Calls:
-    """A Launcher that trains each cell of a round by calling ``fn(overrides) -> seconds``, one after
-    another, in this process."""
+    """A Launcher that trains each cell of a round by calling ``fn(its overrides) -> seconds``, one
+    after another, in this process."""
 
     name = "calls"
 
@@ -79,7 +80,7 @@ class Calls:
         for i, cell in enumerate(cells):
             if self.stopped:
                 return
-            ended(Ended(i, self.fn(cell), 0))
+            ended(Ended(i, self.fn(cell.overrides("atlas_mini")), 0))
 
     def stop(self) -> None:
         self.stopped = True
@@ -123,22 +124,22 @@ def fake_launcher(root: Path, limit: dict[tuple[str, int], float], log: list, af
 def test_driver_rounds_resume_and_budget(tmp_path):
     root, log = tmp_path / "runs", []
     launch = fake_launcher(root, {("post_ln", 18): 0.0}, log)
-    plan = driver.run_atlas(root, "mini", 1e9, 2, launch, GRID, log=lambda s: None, kinds=FEW)
+    plan = rounds.run_atlas(root, "mini", 1e9, 2, launch, GRID, log=lambda s: None, schemes=FEW)
     assert plan["stopped"].startswith("done") and not plan["not_run"]
-    assert len(driver.schemes()) >= 17 and Scheme("post_ln", "dyt") in driver.schemes()
+    assert len(schemes.schemes()) >= 17 and Scheme("post_ln", "dyt") in schemes.schemes()
     n_schemes = len(FEW)
     assert "pre_ln+dyt" in {d["scheme"] for d in plan["launched"]}
     # 2 warm-ups x 2 depths per scheme, each bisected (<= 3 probes) plus boundary seeds, and the
     # claims' cells, up to MAX_SEEDS seeds each; no run twice
-    claimed = len(claim_cells(GRID, driver.claims_of(FEW))) * MAX_SEEDS
+    claimed = len(claim_cells(GRID, rounds.claims_of(FEW))) * MAX_SEEDS
     assert len(log) == len(set(log)) < n_schemes * 4 * (3 + 4) + claimed
     assert ("post_ln", 18, 40, 1e-3) in {
         (d["placement"], d["depth"], d["warmup"], d["lr"]) for d in plan["launched"]
     }
     # resumed: every cell is finished, nothing is launched again
     again: list = []
-    plan2 = driver.run_atlas(
-        root, "mini", 1e9, 2, fake_launcher(root, {}, again), GRID, log=lambda s: None, kinds=FEW
+    plan2 = rounds.run_atlas(
+        root, "mini", 1e9, 2, fake_launcher(root, {}, again), GRID, log=lambda s: None, schemes=FEW
     )
     assert again == [] and plan2["stopped"].startswith("done")
 
@@ -158,9 +159,9 @@ def test_a_copy_of_another_schemes_network_is_run_once():
     """Sandwich-LN's config is Peri-LN's but for its name and its recipe's note."""
     from lnexp.atlas.grid import read_grid
 
-    assert driver.same_networks() == {"sandwich_ln": "peri_ln"}
-    assert Scheme("peri_ln") in driver.schemes() and Scheme("sandwich_ln") not in driver.schemes()
-    assert not any("sandwich_ln" in c for c in driver.full_grid_commands("paper", read_grid("paper")))
+    assert schemes.same_networks() == {"sandwich_ln": "peri_ln"}
+    assert Scheme("peri_ln") in schemes.schemes() and Scheme("sandwich_ln") not in schemes.schemes()
+    assert not any("sandwich_ln" in c for c in schemes.full_grid_commands("paper", read_grid("paper")))
 
 
 def test_the_full_grid_is_the_fewest_commands_and_the_docs_say_how_many():
@@ -171,12 +172,12 @@ def test_the_full_grid_is_the_fewest_commands_and_the_docs_say_how_many():
     from lnexp.atlas.grid import read_grid
     from tests.conftest import REPO
 
-    commands = driver.full_grid_commands("paper", read_grid("paper"))
+    commands = schemes.full_grid_commands("paper", read_grid("paper"))
     pairs = set()
     for c in commands:
         kv = dict(w.split("=", 1) for w in c.split()[3:])
         pairs |= {(p, n) for p in kv["placement"].split(",") for n in kv["norm"].split(",")}
-    assert pairs == {(s.placement, s.norm) for s in driver.schemes()}
+    assert pairs == {(s.placement, s.norm) for s in schemes.schemes()}
     assert len(commands) == 3
     said = re.search(r"prints the (\w+) lnexp train -m commands", (REPO / "docs/atlas.md").read_text())
     assert said and said[1] == {2: "two", 3: "three", 4: "four"}[len(commands)]
@@ -184,13 +185,13 @@ def test_the_full_grid_is_the_fewest_commands_and_the_docs_say_how_many():
 
 def test_driver_stops_launching_when_the_budget_cannot_hold_a_cell(tmp_path, monkeypatch):
     clock, root, log = [0.0], tmp_path / "runs", []
-    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     launch = clocked(fake_launcher(root, {}, log), clock)
-    plan = driver.run_atlas(root, "mini", 1500.0, 2, launch, GRID, log=lambda s: None)
+    plan = rounds.run_atlas(root, "mini", 1500.0, 2, launch, GRID, log=lambda s: None)
     # 1500 s - 60 s reserve on 2 jobs, first-guess costs 155 s (6 layers): the coverage round
     # (every scheme, both warm-ups) cannot all fit
     assert plan["stopped"].startswith("budget: the coverage") and plan["not_run"]
-    assert 0 < len(log) < len(driver.coverage(GRID, driver.schemes()))
+    assert 0 < len(log) < len(coverage(GRID, schemes.schemes()))
     state = json.loads((root / "atlas_state.json").read_text())
     assert state["costs"]  # the launcher's times replace the first guesses
     assert json.loads((root / "atlas_plan.json").read_text())["not_run"] == plan["not_run"]
@@ -200,8 +201,8 @@ def test_a_round_cut_by_the_budget_is_offered_again_when_its_runs_end_early(tmp_
     """The estimate is 1.1 x the slowest run so far: runs that end sooner leave budget, which the cut
     cells get (the measured atlas stopped with 12 of its 105 minutes left and T-Fixup never run)."""
     clock, root, log, cut = [0.0], tmp_path / "runs", [], []
-    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    monkeypatch.setitem(driver.DEFAULT_COST_S, "mini", {6: 100.0, 18: 330.0})  # the fake's own costs
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setitem(resources.CPU_COST_S, "mini", {6: 100.0, 18: 330.0})  # the fake's own costs
     inner = fake_launcher(root, {}, log)
 
     def launch(ovr: list[str]) -> float:
@@ -213,8 +214,8 @@ def test_a_round_cut_by_the_budget_is_offered_again_when_its_runs_end_early(tmp_
         clock[0] += took / 2  # two jobs at a time
         return took
 
-    kinds = [Scheme(p) for p in ("post_ln", "pre_ln", "peri_ln", "deepnorm", "rezero", "t_fixup", "b2t")]
-    plan = driver.run_atlas(root, "mini", 2000.0, 2, Calls(launch), GRID, log=lambda s: None, kinds=kinds)
+    chosen = [Scheme(p) for p in ("post_ln", "pre_ln", "peri_ln", "deepnorm", "rezero", "t_fixup", "b2t")]
+    plan = rounds.run_atlas(root, "mini", 2000.0, 2, Calls(launch), GRID, log=lambda s: None, schemes=chosen)
     launched = [tuple(sorted(d.items())) for d in plan["launched"]]
     assert plan["stopped"].startswith("budget") and cut
     assert any(tuple(sorted(c.items())) in launched for c in cut)  # a cut cell ran in a later round
@@ -226,15 +227,15 @@ def test_the_coverage_round_cut_by_the_budget_is_offered_again(tmp_path, monkeyp
     """First guesses 3x the runs' real cost cut the coverage round; the measured costs that replace
     them fit the rest, which run before any claim round."""
     clock, root, log = [0.0], tmp_path / "runs", []
-    monkeypatch.setattr(driver, "time", SimpleNamespace(monotonic=lambda: clock[0]))
-    monkeypatch.setitem(driver.DEFAULT_COST_S, "mini", {6: 300.0, 18: 900.0})  # the fake: 100 / 300 s
-    kinds = [Scheme(p) for p in ("post_ln", "pre_ln", "deepnorm", "rezero", "t_fixup", "b2t")]
-    plan = driver.run_atlas(root, "mini", 1500.0, 2, clocked(fake_launcher(root, {}, log), clock),
-                            GRID, log=lambda s: None, kinds=kinds)
-    cover = driver.coverage(GRID, kinds)
+    monkeypatch.setattr(budget, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setitem(resources.CPU_COST_S, "mini", {6: 300.0, 18: 900.0})  # the fake: 100 / 300 s
+    chosen = [Scheme(p) for p in ("post_ln", "pre_ln", "deepnorm", "rezero", "t_fixup", "b2t")]
+    plan = rounds.run_atlas(root, "mini", 1500.0, 2, clocked(fake_launcher(root, {}, log), clock),
+                            GRID, log=lambda s: None, schemes=chosen)
+    cover = coverage(GRID, chosen)
     launched = [tuple(sorted(d.items())) for d in plan["launched"]]
-    assert 0 < fits([300.0] * len(cover), 2, 1500.0 - driver.FIGURE_RESERVE_S) < len(cover)  # a cut round
-    assert {tuple(sorted(driver._cell_doc(c, GRID).items())) for c in cover} == set(launched[:len(cover)])
+    assert 0 < fits([300.0] * len(cover), 2, 1500.0 - budget.FIGURE_RESERVE_S) < len(cover)  # a cut round
+    assert {tuple(sorted(c.doc().items())) for c in cover} == set(launched[:len(cover)])
     assert len(launched) > len(cover)  # then the claims' rounds ran
 
 
@@ -292,8 +293,8 @@ def test_figure_draws_the_zoo_and_checks_the_claims(tmp_path):
     root = tmp_path / "runs"
     limits = {("post_ln", 18): 0.0, ("pre_ln", 18): 2e-3, ("pre_ln", 6): 2e-3, ("post_ln", 6): 1e-3}
     small = Grid(LRS[:3], (0, 40), (6, 18), (1, 2), 1e-3)
-    plan = driver.run_atlas(root, "mini", 1e9, 6, fake_launcher(root, limits, [], shape), small,
-                            log=lambda s: None, kinds=[*CLAIMED, Scheme("peri_ln")])
+    plan = rounds.run_atlas(root, "mini", 1e9, 6, fake_launcher(root, limits, [], shape), small,
+                            log=lambda s: None, schemes=[*CLAIMED, Scheme("peri_ln")])
     out = tmp_path / "fig"
     assert atlas.main(["--runs-root", str(root), "--out", str(out)]) == 0
     for name in ("atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth"):
@@ -371,7 +372,7 @@ def test_driver_does_not_retry_a_failing_run_in_a_loop(tmp_path):
         log.append(tuple(ovr))
         return 1.0
 
-    plan = driver.run_atlas(root, "mini", 1e9, 2, Calls(crashing), GRID, log=lambda s: None, kinds=FEW[:1])
+    plan = rounds.run_atlas(root, "mini", 1e9, 2, Calls(crashing), GRID, log=lambda s: None, schemes=FEW[:1])
     assert plan["stopped"].startswith("done") and len(log) == len(set(log)) <= 4 + 2 * 2
 
 
@@ -393,17 +394,17 @@ def test_allocation_gives_the_next_slots_to_the_cheapest_undecided_claim():
     from lnexp.atlas.plan import Need, allocate
 
     arm = lambda p, d=6: Arm(Scheme(p), 0, d)  # noqa: E731
-    cheap = Need("cheap", False, (Job(arm("a"), 1, 2), Job(arm("b"), 1, 2)), 300.0)
-    dear = Need("dear", False, (Job(arm("c", 18), 1, 1), Job(arm("a"), 1, 2)), 900.0)
-    done = Need("done", True, (Job(arm("d"), 1, 1),), 10.0)
-    beyond = Need("beyond", False, (Job(arm("e", 18), 1, 1),) * 1, 5000.0)
-    assert allocate([dear, done, cheap, beyond], 2, 4000.0) == list(cheap.jobs)
+    cheap = Need("cheap", False, (Cell(arm("a"), 1e-3, 2), Cell(arm("b"), 1e-3, 2)), 300.0)
+    dear = Need("dear", False, (Cell(arm("c", 18), 1e-3, 1), Cell(arm("a"), 1e-3, 2)), 900.0)
+    done = Need("done", True, (Cell(arm("d"), 1e-3, 1),), 10.0)
+    beyond = Need("beyond", False, (Cell(arm("e", 18), 1e-3, 1),) * 1, 5000.0)
+    assert allocate([dear, done, cheap, beyond], 2, 4000.0) == list(cheap.cells)
     # more slots: the next claim's runs follow, a run two claims share is launched once
-    assert allocate([dear, done, cheap, beyond], 4, 1200.0) == [*cheap.jobs, dear.jobs[0]]
+    assert allocate([dear, done, cheap, beyond], 4, 1200.0) == [*cheap.cells, dear.cells[0]]
     assert allocate([done], 2, 4000.0) == []  # a decided claim gets no run
     # nor one the budget cannot decide: 5000 s of one job are 2500 s on 2 jobs at once
     assert allocate([beyond], 2, 2400.0) == []
-    assert allocate([beyond], 2, 2600.0) == list(beyond.jobs)
+    assert allocate([beyond], 2, 2600.0) == list(beyond.cells)
     assert allocate([beyond], 1, 4000.0) == []
 
 
@@ -422,7 +423,7 @@ def mem_run(placement: str, lr: float, seed: int, loss: float | None, norm: str 
 
 def test_claims_decide_from_the_runs_and_say_what_the_undecided_need():
     from lnexp.atlas import claims as C
-    from lnexp.atlas.outcomes import cells
+    from lnexp.atlas.outcomes import seeds_at
 
     runs = []
     for s in (1, 2, 3):  # DyT 0.6 bit above LayerNorm in both placements, both warm-ups: outside 0.1 bit
@@ -432,16 +433,16 @@ def test_claims_decide_from_the_runs_and_say_what_the_undecided_need():
                 runs.append(mem_run(p, 1e-3, s, 7.6 + 0.012 * s, norm="dyt", warmup=w))
     for s in range(1, 5):  # Pre-LN trains at 4x the shared lr on every seed, Post-LN on none
         runs += [mem_run("pre_ln", 4e-3, s, 6.5), mem_run("post_ln", 4e-3, s, None)]
-    verdicts = {v.claim.id: v for v in C.evaluate(GRID, cells(runs))}
+    verdicts = {v.claim.id: v for v in C.evaluate(GRID, seeds_at(runs))}
     dyt, pre = verdicts["atlas_dyt_parity"], verdicts["atlas_pre_ln_where_post_ln_fails"]
     assert dyt.verdict == "not supported" and dyt.p_refute_holm < C.ALPHA <= dyt.p_holm
     assert pre.verdict == "supported" and pre.p == pytest.approx(2 ** -8) and pre.p_holm >= pre.p
-    assert pre.jobs == () and dyt.jobs == ()  # decided: no more runs
+    assert pre.cells == () and dyt.cells == ()  # decided: no more runs
     rescued = verdicts["atlas_deep_post_ln_rescued"]  # nothing run: undecided, with the runs it needs
-    assert rescued.verdict == "undecided" and rescued.runs_needed == len(rescued.jobs) > 0
+    assert rescued.verdict == "undecided" and rescued.runs_needed == len(rescued.cells) > 0
     assert rescued.text == f"undecided: needs {rescued.runs_needed} more runs"
-    assert {j.arm.depth for j in rescued.jobs} == {18} and {j.arm.warmup for j in rescued.jobs} == {40}
+    assert {c.arm.depth for c in rescued.cells} == {18} and {c.arm.warmup for c in rescued.cells} == {40}
     spread = verdicts["atlas_peri_smaller_spread"]
-    assert spread.jobs and {j.seed for j in spread.jobs} == {1, 2, 3}  # the pilot seeds first
+    assert spread.cells and {c.seed for c in spread.cells} == {1, 2, 3}  # the pilot seeds first
     needed = {a for a, _ in C.claim_cells(GRID)}
     assert needed >= {Arm(Scheme("pre_ln"), 0, 6, 0.1), Arm(Scheme("admin"), 40, 18)}

@@ -109,7 +109,7 @@ def test_a_scheme_added_as_a_yaml_is_shown_everywhere_with_no_python_change(tmp_
         "  why: a test's\n")
     probe = (
         "from lnexp.figures import style; from lnexp import scheme_table; "
-        "from lnexp.atlas.driver import schemes; "
+        "from lnexp.atlas.schemes import schemes; "
         "print(style.LABELS['zz_new'], style.COLORS['zz_new']); "
         "print([r for r in scheme_table.table().splitlines() if 'zz_new' in r][0]); "
         "print([s.placement for s in schemes()].count('zz_new'))"

@@ -33,8 +33,8 @@ from typing import Any
 
 from lnexp import stats as S
 from lnexp.atlas.grid import Grid
-from lnexp.atlas.outcomes import MEASURES, Arm, Cells, Scheme
-from lnexp.atlas.plan import Job, Need
+from lnexp.atlas.outcomes import MEASURES, Arm, Cell, Scheme, SeedsAt
+from lnexp.atlas.plan import Need
 
 ALPHA = 0.05  # family-wise, over the claims (Holm)
 MAX_SEEDS = 12  # seeds per arm at most, by default (lnexp atlas raises it where its budget and device
@@ -62,17 +62,18 @@ class At:
         w = min(grid.warmups) if self.warmup == "off" else max(grid.warmups)
         return Arm(Scheme.of(self.scheme), w, d, self.dt)
 
-    def lr_index(self, grid: Grid) -> int:
+    def lr_on(self, grid: Grid) -> float:
+        """The grid's lr this cell means: its top, or the one nearest the shared lr's multiple."""
         if self.lr == "top":
-            return len(grid.lrs) - 1
+            return grid.lrs[-1]
         want = grid.shared_lr * (1 if self.lr == "shared" else float(self.lr.lstrip("x")))
-        return min(range(len(grid.lrs)), key=lambda i: abs(math.log(grid.lrs[i] / want)))
+        return min(grid.lrs, key=lambda x: abs(math.log(x / want)))
 
     def key(self, grid: Grid) -> tuple[Arm, float]:
-        return self.arm(grid), grid.lrs[self.lr_index(grid)]
+        return self.arm(grid), self.lr_on(grid)
 
     def text(self, grid: Grid) -> str:
-        return f"{self.arm(grid).label}, lr {grid.lrs[self.lr_index(grid)]:g}"
+        return f"{self.arm(grid).label}, lr {self.lr_on(grid):g}"
 
     @property
     def short(self) -> str:
@@ -173,9 +174,9 @@ TESTS = {
 }
 
 
-def claim_cells(grid: Grid, claims: Iterable[Claim] = CLAIMS) -> list[tuple[Arm, int]]:
-    """(arm, lr index) of every cell the claims compare: their union, in claim order."""
-    return list(dict.fromkeys((a.arm(grid), a.lr_index(grid)) for c in claims for a in c.ats()))
+def claim_cells(grid: Grid, claims: Iterable[Claim] = CLAIMS) -> list[tuple[Arm, float]]:
+    """(arm, lr) of every cell the claims compare: their union, in claim order."""
+    return list(dict.fromkeys(a.key(grid) for c in claims for a in c.ats()))
 
 
 def no_norm(placement: str) -> bool:
@@ -219,9 +220,9 @@ def _cell_text(label: str, k: int, n: int) -> str:
     return f"{label} {k}/{n} trained [{lo:.2f}, {hi:.2f}]"
 
 
-def _stability(claim: Claim, a: At, b: At | None, grid: Grid, cells: Cells, alpha: float,
+def _stability(claim: Claim, a: At, b: At | None, grid: Grid, got: SeedsAt, alpha: float,
                alpha_refute: float) -> Part:
-    ca, cb = cells.get(a.key(grid)), cells.get(b.key(grid)) if b else None
+    ca, cb = got.get(a.key(grid)), got.get(b.key(grid)) if b else None
     ka, na = (ca.trained, ca.finished) if ca else (0, 0)
     numbers = {"a": a.text(grid), "a_trained": ka, "a_n": na, "a_wilson": S.wilson(ka, na)}
     text = _cell_text(a.short, ka, na)
@@ -240,9 +241,9 @@ def _stability(claim: Claim, a: At, b: At | None, grid: Grid, cells: Cells, alph
                 min(na, nb), refuting_n if leans else S.share_n(pa, pb, alpha), leans, numbers)
 
 
-def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, cells: Cells, alpha: float,
+def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, got: SeedsAt, alpha: float,
             alpha_refute: float) -> Part:
-    ca, cb = cells.get(a.key(grid)), cells.get(b.key(grid))
+    ca, cb = got.get(a.key(grid)), got.get(b.key(grid))
     va, vb = (ca.by_seed(m) if ca else {}), (cb.by_seed(m) if cb else {})
     seeds = sorted(set(va) & set(vb))
     xa, xb = [va[s] for s in seeds], [vb[s] for s in seeds]
@@ -281,13 +282,13 @@ def _interval(d: S.Paired) -> str:
     return f"{d.mean:+.3g} [{d.low:+.3g}, {d.high:+.3g}] (n={d.n})"
 
 
-def parts(claim: Claim, grid: Grid, cells: Cells, alpha: float) -> list[Part]:
+def parts(claim: Claim, grid: Grid, got: SeedsAt, alpha: float) -> list[Part]:
     """Each comparison of the claim, planned at ``alpha`` (its support is the largest p of them) and
     at alpha over their number (its refutation is the smallest p times that number)."""
     if claim.test in STABILITY:
-        return [_stability(claim, a, b, grid, cells, alpha, alpha / len(claim.pairs)) for a, b in claim.pairs]
+        return [_stability(claim, a, b, grid, got, alpha, alpha / len(claim.pairs)) for a, b in claim.pairs]
     k = len(claim.pairs) * len(claim.measures)
-    return [_paired(claim, a, b, m, grid, cells, alpha, alpha / k) for a, b in claim.pairs if b
+    return [_paired(claim, a, b, m, grid, got, alpha, alpha / k) for a, b in claim.pairs if b
             for m in claim.measures]
 
 
@@ -304,7 +305,7 @@ class Verdict:
     p_refute_holm: float = math.nan
     verdict: str = "undecided"  # supported | not supported | undecided
     runs_needed: int = 0  # more runs that would decide it at its stated effect (undecided only)
-    jobs: tuple[Job, ...] = ()
+    cells: tuple[Cell, ...] = ()  # the next of them
     note: str = ""
 
     n: dict[At, int] = field(default_factory=dict)  # finished seeds per cell
@@ -320,35 +321,35 @@ class Verdict:
         return self.note or f"undecided: needs {self.runs_needed} more runs"
 
 
-def _next_jobs(ats: list[At], n_target: int, grid: Grid, cells: Cells, tried: set[Job],
-               max_seeds: int = MAX_SEEDS) -> list[Job]:
-    """The runs that bring each of these cells to ``n_target`` seeds, seed by seed across the cells
-    (so that the pairs fill evenly), seeds run or tried skipped."""
-    per: list[list[Job]] = []
+def _next_cells(ats: list[At], n_target: int, grid: Grid, got: SeedsAt, tried: set[Cell],
+                max_seeds: int = MAX_SEEDS) -> list[Cell]:
+    """The cells that bring each of these arms and lrs to ``n_target`` seeds, seed by seed across
+    them (so that the pairs fill evenly), seeds run or tried skipped."""
+    per: list[list[Cell]] = []
     for a in ats:
-        arm, i = a.arm(grid), a.lr_index(grid)
-        c = cells.get((arm, grid.lrs[i]))
-        have = {s for s, o in (c.outcomes() if c else {}).items() if o != "missing"}
-        free = [s for s in range(1, max_seeds + 1) if s not in have and Job(arm, i, s) not in tried]
-        per.append([Job(arm, i, s) for s in free[: max(0, n_target - len(have))]])
-    return [jobs[k] for k in range(max(map(len, per), default=0)) for jobs in per if k < len(jobs)]
+        arm, lr = a.key(grid)
+        runs = got.get((arm, lr))
+        have = {s for s, o in (runs.outcomes() if runs else {}).items() if o != "missing"}
+        free = [s for s in range(1, max_seeds + 1) if s not in have and Cell(arm, lr, s) not in tried]
+        per.append([Cell(arm, lr, s) for s in free[: max(0, n_target - len(have))]])
+    return [one[k] for k in range(max(map(len, per), default=0)) for one in per if k < len(one)]
 
 
-def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: set[Job] = frozenset(),
+def evaluate(grid: Grid, got: SeedsAt, claims: Iterable[Claim] = CLAIMS, tried: set[Cell] = frozenset(),
              alpha: float = ALPHA, max_seeds: int = MAX_SEEDS) -> list[Verdict]:  # type: ignore[assignment]
     """Every claim's verdict from the cells seen, Holm-adjusted across the claims, and for each one
     undecided the runs that would decide it (the power each test has at the effect its claim states,
     at the level Holm gives the first of the undecided claims), up to ``max_seeds`` seeds a cell."""
     claims = list(claims)
-    done = {(a, grid.lrs.index(lr), s) for (a, lr), c in cells.items() for s, o in c.outcomes().items()
+    done = {Cell(a, lr, s) for (a, lr), runs in got.items() for s, o in runs.outcomes().items()
             if o != "missing" and lr in grid.lrs}
-    broken = {(j.arm, j.lr_index) for j in tried if (j.arm, j.lr_index, j.seed) not in done}
-    out = [_verdict(c, grid, cells, alpha / len(claims)) for c in claims]
+    broken = {(c.arm, c.lr) for c in tried if c not in done}
+    out = [_verdict(c, grid, got, alpha / len(claims)) for c in claims]
     _holm(out, alpha)
     k = max(1, sum(v.verdict == "undecided" for v in out))
     if k < len(claims):  # planned at the level Holm leaves the undecided (the p-values do not change)
         for v in out:
-            v.parts = parts(v.claim, grid, cells, alpha / k)
+            v.parts = parts(v.claim, grid, got, alpha / k)
     for v in out:
         if v.verdict == "undecided" and not v.note:
             lean = [p for p in v.parts if p.refuting]
@@ -357,7 +358,7 @@ def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: 
             ats = _ats_of(v.claim, chosen, v.parts)
             have = min((p.n for p in chosen), default=0)
             v.runs_needed = max(0, n - have) * len(ats)
-            if any((a.arm(grid), a.lr_index(grid)) in broken for a in ats):
+            if any(a.key(grid) in broken for a in ats):
                 v.note = (f"undecided: needs {v.runs_needed} more runs (a run of its cells failed in this "
                           "session: rerun lnexp atlas to retry)")
             elif n > max_seeds and (have >= PILOT or v.claim.test in STABILITY):
@@ -367,7 +368,7 @@ def evaluate(grid: Grid, cells: Cells, claims: Iterable[Claim] = CLAIMS, tried: 
             else:  # a paired claim gets its pilot seeds before its spread is estimated from them
                 pilot = v.claim.test not in STABILITY and have < PILOT
                 target = PILOT if pilot else min(n, max_seeds)
-                v.jobs = tuple(_next_jobs(ats, target, grid, cells, set(tried), max_seeds))
+                v.cells = tuple(_next_cells(ats, target, grid, got, set(tried), max_seeds))
     return out
 
 
@@ -382,13 +383,13 @@ def _ats_of(claim: Claim, chosen: list[Part], every: list[Part]) -> list[At]:
     return list(dict.fromkeys(a for pair in pairs for a in pair if a is not None))
 
 
-def _verdict(claim: Claim, grid: Grid, cells: Cells, alpha: float) -> Verdict:
-    ps = parts(claim, grid, cells, alpha)
+def _verdict(claim: Claim, grid: Grid, got: SeedsAt, alpha: float) -> Verdict:
+    ps = parts(claim, grid, got, alpha)
     v = Verdict(claim, ps, max((p.p for p in ps), default=1.0),
                 min(1.0, len(ps) * min((p.p_refute for p in ps), default=1.0)))
     for a in claim.ats():
-        c = cells.get(a.key(grid))
-        v.n[a] = c.finished if c else 0
+        runs = got.get(a.key(grid))
+        v.n[a] = runs.finished if runs else 0
     if claim.no_norm:
         normed = [a.scheme for a in claim.ats() if not no_norm(Scheme.of(a.scheme).placement)]
         if normed:
@@ -411,7 +412,7 @@ def needs(verdicts: list[Verdict], cost: dict[int, float]) -> list[Need]:
     seconds per run by depth)."""
     out = []
     for v in verdicts:
-        per = [cost.get(j.arm.depth, max(cost.values())) for j in v.jobs]
-        out.append(Need(v.claim.id, v.verdict != "undecided", v.jobs,
+        per = [cost.get(c.arm.depth, max(cost.values())) for c in v.cells]
+        out.append(Need(v.claim.id, v.verdict != "undecided", v.cells,
                         sum(per) / len(per) * max(v.runs_needed, len(per)) if per else 0.0))
     return out

@@ -20,56 +20,58 @@ They configure the array and are not passed to the cells.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lnexp import overrides as override
 from lnexp.atlas.launchers import Ended, LaunchSetup, register
+from lnexp.atlas.outcomes import Cell
 from lnexp.errors import UserError
+from lnexp.exit_status import Exit
 
-CRASH, INTERRUPTED = 1, 130
 CANCEL_GRACE_S = 180.0  # after a cancel, how long to wait for the scheduler to say the tasks ended
 POLL_S = {"slurm": 15.0, "local": 1.0}  # how often a round's tasks are looked at (sacct is not free)
 
 
-def is_launcher_override(o: str) -> bool:
-    """``hydra/launcher=...`` or ``hydra.launcher.KEY=...``: the array's settings, not a cell's."""
-    return o.lstrip("+~").startswith(("hydra/launcher=", "hydra.launcher."))
-
-
 @dataclass
 class TrainCell:
-    """One task of the array: ``lnexp train CELL`` in the task's own process; its exit status is
-    the task's result (0 trained, 2 user error, 1 crash, 130 interrupted)."""
+    """One task of the array: ``lnexp train`` of a cell's command line in the task's own process;
+    its exit status (lnexp.exit_status.Exit) is the task's result."""
 
-    cell: list[str]
+    command: list[str]
 
     def __call__(self) -> int:
         from lnexp.cli import main
 
-        return int(main(["train", *self.cell]) or 0)
+        return int(main(["train", *self.command]) or 0)
 
 
-def launcher_settings(cluster: str, overrides: list[str]) -> tuple[str, dict[str, Any]]:
+def launcher_settings(cluster: str, runs_root: Path, settings: Sequence[str]) -> tuple[str, dict[str, Any]]:
     """(submitit's folder, the executor's parameters) from Hydra's submitit launcher config for
-    ``cluster`` and the ``hydra.launcher.*`` overrides, mapped as hydra-submitit-launcher maps them."""
+    ``cluster`` and the ``hydra.launcher.*`` overrides among ``settings``, mapped as
+    hydra-submitit-launcher maps them."""
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf, LocalQueueConf, SlurmQueueConf
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    runs_root = next((o.split("=", 1)[1] for o in overrides if o.startswith("runs_root=")), "runs")
     @dataclass
     class LocalConf(LocalQueueConf):
         setup: list[str] | None = None  # shell lines before each task, as SLURM's (submitit has it)
 
-    conf = OmegaConf.structured(SlurmQueueConf if cluster == "slurm" else LocalConf)
+    schema = SlurmQueueConf if cluster == "slurm" else LocalConf
+    conf, default = OmegaConf.structured(schema), OmegaConf.structured(schema)
     conf.submitit_folder = str(Path(runs_root) / ".submitit" / "%j")  # Hydra's: the sweep dir's
     conf.name = "lnexp-atlas"
-    given = [o.lstrip("+").removeprefix("hydra.launcher.") for o in overrides
-             if o.lstrip("+").startswith("hydra.launcher.")]
     try:
-        conf = OmegaConf.merge(conf, OmegaConf.from_dotlist(given))
+        for o in settings:
+            if override.is_launcher(o) and override.key(o) != override.LAUNCHER_GROUP:
+                key, parsed = override.launcher_key(o), override.parse(o)
+                # ~hydra.launcher.KEY: the key's default (the launcher's config keeps every key)
+                value = OmegaConf.select(default, key, throw_on_missing=False) if parsed.is_delete() else \
+                    parsed.value()
+                OmegaConf.update(conf, key, value, merge=True)
         params = OmegaConf.to_container(conf, resolve=True)
     except OmegaConfBaseException as e:
         keys = ", ".join(k for k in conf if k != "_target_")
@@ -85,18 +87,16 @@ def launcher_settings(cluster: str, overrides: list[str]) -> tuple[str, dict[str
 class SubmititLauncher:
     """Each round one job array of ``cluster`` ("slurm" or "local"), polled until it has ended."""
 
-    def __init__(self, cluster: str, log: Callable[[str], None] = print, poll_s: float | None = None,
-                 overrides: list[str] | None = None) -> None:
-        self.cluster, self.log = cluster, log
+    def __init__(self, cluster: str, setup: LaunchSetup, log: Callable[[str], None] = print,
+                 poll_s: float | None = None) -> None:
+        self.cluster, self.setup, self.log = cluster, setup, log
         self.name = f"submitit_{cluster}"
         self.poll_s = POLL_S[cluster] if poll_s is None else poll_s
-        self.overrides = overrides  # the array's settings; else read from each round's cells
-        if overrides is not None:
-            launcher_settings(cluster, overrides)  # a mistake is one line now, before any round
+        launcher_settings(cluster, setup.runs_root, setup.settings)  # a mistake is one line now
         self.stopping = False
         self.last_submit_s: float | None = None  # seconds the last round's submission took
 
-    def run_round(self, cells: list[list[str]], jobs: int, ended: Callable[[Ended], None]) -> None:
+    def run_round(self, cells: Sequence[Cell], jobs: int, ended: Callable[[Ended], None]) -> None:
         # SLURM: one array, --jobs its parallelism. submitit's local executor starts every task of an
         # array at once, so there a round is arrays of --jobs tasks, one after the other.
         step = len(cells) if self.cluster == "slurm" else max(jobs, 1)
@@ -105,11 +105,11 @@ class SubmititLauncher:
                 return
             self._array(cells[first:first + step], first, jobs, ended)
 
-    def _array(self, cells: list[list[str]], first: int, jobs: int, ended: Callable[[Ended], None]) -> None:
+    def _array(self, cells: Sequence[Cell], first: int, jobs: int, ended: Callable[[Ended], None]) -> None:
         """One job array of ``cells`` (the round's from index ``first``), polled until it ends."""
         import submitit
 
-        folder, params = launcher_settings(self.cluster, self.overrides or cells[0])
+        folder, params = launcher_settings(self.cluster, self.setup.runs_root, self.setup.settings)
         init = {k: params.pop(k) for k in list(params) if k.endswith("max_num_timeout")}  # a ctor arg
         try:
             executor = submitit.AutoExecutor(folder=folder, cluster=self.cluster, **init)
@@ -121,8 +121,7 @@ class SubmititLauncher:
         executor.update_parameters(**params)
         t0 = time.monotonic()
         with executor.batch():
-            tasks = [executor.submit(TrainCell([o for o in c if not is_launcher_override(o)]))
-                     for c in cells]
+            tasks = [executor.submit(TrainCell(self.setup.command(c))) for c in cells]
         self.last_submit_s = time.monotonic() - t0
         self.log(f"lnexp atlas: {len(tasks)} cells submitted as {self.name} job "
                  f"{tasks[0].job_id.split('_')[0]} ({self.last_submit_s:.1f} s; logs in "
@@ -137,7 +136,7 @@ class SubmititLauncher:
                 cancelled_at = time.monotonic()
             if cancelled_at is not None and time.monotonic() - cancelled_at > CANCEL_GRACE_S:
                 for i in sorted(pending):
-                    ended(Ended(i, time.monotonic() - t0, INTERRUPTED))
+                    ended(Ended(i, time.monotonic() - t0, Exit.INTERRUPTED))
                 return
             if time.monotonic() >= next_look:
                 next_look = time.monotonic() + self.poll_s
@@ -153,11 +152,11 @@ class SubmititLauncher:
             return int(task.result())
         except Exception as e:  # submitit's FailedJobError / UncompletedJobError: no result
             if self.stopping:
-                return INTERRUPTED
+                return Exit.INTERRUPTED
             last = next((ln.strip() for ln in reversed(str(e).splitlines()) if ln.strip()), "")
             self.log(f"lnexp atlas: {self.name} job {task.job_id} (cell {i}) failed ({task.state}): "
                      f"{last[:200]}; see {task.paths.stderr}")
-            return CRASH
+            return Exit.CRASH
 
     def stop(self) -> None:
         """Queued cells never start: the round's array is cancelled (at the next look, within
@@ -167,12 +166,7 @@ class SubmititLauncher:
 
 
 def _factory(cluster: str) -> Callable[..., SubmititLauncher]:
-    def make(setup: LaunchSetup | None = None, **options: Any) -> SubmititLauncher:
-        if setup is not None:
-            options.setdefault("overrides", [f"runs_root={setup.runs_root}", *setup.overrides])
-        return SubmititLauncher(cluster, **options)
-
-    return make
+    return lambda setup, **options: SubmititLauncher(cluster, setup, **options)
 
 
 register("submitit_slurm", "each round one SLURM job array through submitit "

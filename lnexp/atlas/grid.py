@@ -1,5 +1,6 @@
 """The atlas's grid (lrs, warm-ups, depths, seeds, shared lr), read from the sweeper params of
-configs/experiment/atlas_SCALE.yaml: one home for the driver and the figure."""
+configs/experiment/atlas_SCALE.yaml, and its cells' run length (the same file's max_update): one
+home for the driver and the figure."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from lnexp.errors import UserError
 
 @dataclass(frozen=True)
 class Grid:
+    """A value: the plan's rules take the grid they bisect, so that a second grid (another lr
+    spacing) is another value, not another code path."""
+
     lrs: tuple[float, ...]
     warmups: tuple[int, ...]
     depths: tuple[int, ...]
@@ -32,18 +36,28 @@ def _values(v: object) -> list[str]:
     return [x.strip().strip("'\"") for x in str(v).split(",") if x.strip()]
 
 
-def read_grid(scale: str, shared_lr: float | None = None) -> Grid:
-    """The grid from configs/experiment/atlas_SCALE.yaml's sweeper params."""
+def _experiment(scale: str) -> dict:
+    """configs/experiment/atlas_SCALE.yaml, as plain values."""
     from omegaconf import OmegaConf
 
-    from lnexp.config import CONFIG_DIR
+    from lnexp.names import CONFIG_DIR
 
     path = Path(CONFIG_DIR) / "experiment" / f"{experiment_name(scale)}.yaml"
     if not path.is_file():
         raise UserError(f"no {path}: use --scale mini, gpu or paper")
-    params = (
-        OmegaConf.to_container(OmegaConf.load(path)).get("hydra", {}).get("sweeper", {}).get("params", {})
-    )
+    doc = OmegaConf.to_container(OmegaConf.load(path))
+    assert isinstance(doc, dict)
+    return doc
+
+
+def run_length(scale: str) -> int:
+    """The updates a cell of atlas_SCALE trains (its max_update)."""
+    return int(_experiment(scale)["max_update"])
+
+
+def read_grid(scale: str, shared_lr: float | None = None) -> Grid:
+    """The grid from configs/experiment/atlas_SCALE.yaml's sweeper params."""
+    params = _experiment(scale).get("hydra", {}).get("sweeper", {}).get("params", {})
     lrs = tuple(sorted(float(x) for x in _values(params["lr"])))
     shared = lrs[1] if shared_lr is None and len(lrs) > 1 else (shared_lr or lrs[0])
     match = [lr for lr in lrs if math.isclose(lr, shared, rel_tol=1e-6)]

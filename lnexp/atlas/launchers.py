@@ -1,5 +1,6 @@
-"""How the atlas's cells are trained: a :class:`Launcher` runs one round of cells and reports each
-as it ends.
+"""How the atlas's cells are trained: a :class:`Launcher` runs one round of cells (each an
+:class:`lnexp.atlas.outcomes.Cell`, trained as ``lnexp train`` of its command line,
+:meth:`LaunchSetup.command`) and reports each as it ends.
 
 Why a protocol: the driver's rounds (which cells, within what budget, when to stop) are the same
 whether a cell is a ``lnexp train`` process, a cell of a long-lived worker process, or a job of a
@@ -16,10 +17,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+from lnexp import overrides as override
+from lnexp.atlas.grid import experiment_name
+from lnexp.atlas.outcomes import Cell
+from lnexp.exit_status import Exit, of_process
 
 
 @dataclass(frozen=True)
@@ -28,19 +34,17 @@ class Ended:
 
     index: int  # its position in the round's list of cells
     seconds: float  # wall time from its launch to its end
-    status: int  # exit status as lnexp train gives it: 0 ok, 2 user error, 1 crash, 130 interrupted
-
-
-INTERRUPTED = 130  # Ended.status of a cell stopped by Launcher.stop (lnexp train's exit status then)
+    # as lnexp train exits (lnexp.exit_status.Exit; INTERRUPTED: stopped by stop()), or 128 + N for
+    # a process killed by signal N
+    status: int
 
 
 class Launcher(Protocol):
-    """Trains rounds of cells; a cell is the ``lnexp train`` overrides of one run (runs_root and the
-    user's overrides included)."""
+    """Trains rounds of cells, each as ``lnexp train`` of its :meth:`LaunchSetup.command`."""
 
     name: str
 
-    def run_round(self, cells: list[list[str]], jobs: int, ended: Callable[[Ended], None]) -> None:
+    def run_round(self, cells: Sequence[Cell], jobs: int, ended: Callable[[Ended], None]) -> None:
         """Train every cell, at most ``jobs`` at once; call ``ended`` in the calling thread as each
         ends; return when all have ended, or promptly after :meth:`stop`."""
         ...
@@ -53,17 +57,26 @@ class Launcher(Protocol):
 
 @dataclass(frozen=True)
 class LaunchSetup:
-    """What a launcher may need to know besides its cells (fields may be added; a factory reads the
-    ones it needs)."""
+    """What a launcher knows besides its cells: where they run, on which GPUs, and the rest of their
+    command line (fields may be added; a factory reads the ones it needs)."""
 
     runs_root: Path
-    scale: str
-    gpus: tuple[str, ...] = ()  # the GPUs the cells may use (their CUDA_VISIBLE_DEVICES ids)
-    overrides: tuple[str, ...] = ()  # the user's overrides for every cell (a cluster's hydra.launcher.*)
-    extra: dict[str, str] = field(default_factory=dict)  # reserved for a launcher's own options
+    scale: str | None = None  # the cells' experiment is atlas_SCALE (None: the cells set none)
+    gpus: tuple[str, ...] = ()  # the GPUs the cells may use (their CUDA_VISIBLE_DEVICES ids), round robin
+    overrides: tuple[str, ...] = ()  # every cell's, after its own and runs_root: the user's
+    settings: tuple[str, ...] = ()  # the launcher's own: a cluster's hydra/launcher=..., hydra.launcher.*
+
+    def command(self, cell: Cell) -> list[str]:
+        """The cell's ``lnexp train`` overrides: its own, the runs root, then every cell's."""
+        experiment = experiment_name(self.scale) if self.scale else None
+        return [*cell.overrides(experiment), f"runs_root={self.runs_root}", *self.overrides]
+
+    def gpu(self, slot: int) -> dict[str, str]:
+        """The environment that pins job slot ``slot`` to its GPU (none without GPUs)."""
+        return {"CUDA_VISIBLE_DEVICES": self.gpus[slot % len(self.gpus)]} if self.gpus else {}
 
 
-Factory = Callable[..., Launcher]  # (setup: LaunchSetup | None, **options) -> Launcher
+Factory = Callable[..., Launcher]  # (setup: LaunchSetup, **options) -> Launcher
 LAUNCHERS: dict[str, tuple[str, Factory]] = {}  # name -> (help line, factory)
 # Modules that register a launcher when imported (a launcher with its own dependencies lives in
 # one, so that lnexp atlas imports it only when asked for)
@@ -75,7 +88,8 @@ def register(name: str, help_line: str, factory: Factory) -> None:
 
 
 def names() -> dict[str, str]:
-    """{name: help line} of every launcher, those of :data:`MODULES` included."""
+    """{name: help line} of every launcher, those of :data:`MODULES` included, this module's first,
+    then in MODULES' order (whichever was imported first)."""
     for module in MODULES:
         try:
             importlib.import_module(module)
@@ -83,12 +97,15 @@ def names() -> dict[str, str]:
             if (e.name or "").startswith("lnexp"):
                 raise
             continue
-    return {n: h for n, (h, _) in LAUNCHERS.items()}
+    order = (__name__, *MODULES)
+    ranked = sorted(LAUNCHERS.items(), key=lambda kv: order.index(kv[1][1].__module__)
+                    if kv[1][1].__module__ in order else len(order))
+    return {n: h for n, (h, _) in ranked}
 
 
-def make(name: str, setup: LaunchSetup | None = None, **options: object) -> Launcher:
-    """The launcher called ``name``, made from ``setup`` (None: defaults) and its own ``options``;
-    a one-line error naming the choices."""
+def make(name: str, setup: LaunchSetup, **options: object) -> Launcher:
+    """The launcher called ``name``, made from ``setup`` and its own ``options``; a one-line error
+    naming the choices."""
     from lnexp.errors import UserError
 
     known = names()
@@ -106,33 +123,32 @@ class ProcessLauncher:
     lnexp train's handler is set, ends quietly where a SIGINT would print a KeyboardInterrupt
     traceback. With GPUs, each job slot gets one of them (CUDA_VISIBLE_DEVICES), round robin. The
     round waits by polling (no threads): a signal handler that calls :meth:`stop` runs between two
-    polls."""
+    polls. ``argv``: the command a cell's overrides follow (``python -m lnexp train``)."""
 
     name = "process"
     TRAIN = (sys.executable, "-m", "lnexp", "train")
     POLL_S = 0.1
     GRACE_S = 60.0  # after stop: a cell still running this long after its SIGTERM is killed
 
-    def __init__(self, gpus: tuple[str, ...] = (), argv: list[str] | None = None) -> None:
-        self.gpus = tuple(gpus)
+    def __init__(self, setup: LaunchSetup, argv: list[str] | None = None) -> None:
+        self.setup = setup
         self.argv = list(argv or self.TRAIN)
         self._stopping = False
         self._stopped_at = 0.0
         self._running: dict[int, subprocess.Popen] = {}
 
-    def run_round(self, cells: list[list[str]], jobs: int, ended: Callable[[Ended], None]) -> None:
+    def run_round(self, cells: Sequence[Cell], jobs: int, ended: Callable[[Ended], None]) -> None:
         queue = list(enumerate(cells))
-        free = list(range(max(jobs, 1)))  # job slots: a slot's GPU is gpus[slot % len(gpus)]
+        free = list(range(max(jobs, 1)))  # job slots: a slot's GPU is setup.gpu(slot)
         started: dict[int, tuple[float, int]] = {}
         while (queue and not self._stopping) or self._running:
             while queue and free and not self._stopping:
                 i, cell = queue.pop(0)
                 slot = free.pop(0)
-                env = dict(os.environ)
-                if self.gpus:
-                    env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot % len(self.gpus)]
                 started[i] = (time.monotonic(), slot)
-                self._running[i] = subprocess.Popen([*self.argv, *cell], env=env, process_group=0)
+                env = {**os.environ, **self.setup.gpu(slot)}
+                self._running[i] = subprocess.Popen([*self.argv, *self.setup.command(cell)], env=env,
+                                                    process_group=0)
                 if self._stopping:  # stop() came while it was being started
                     self._signal(self._running[i], signal.SIGTERM)
             for i, p in list(self._running.items()):
@@ -144,14 +160,16 @@ class ProcessLauncher:
                 del self._running[i]
                 t0, slot = started.pop(i)
                 free.append(slot)
-                status = 128 - rc if rc < 0 else rc
-                if self._stopping and (status == INTERRUPTED or rc < 0):
-                    # stopped by stop(), however far it had got: a signal's death then (an abort at
-                    # exit, after lnexp train recorded the interruption, too) is the stop's doing
-                    status = INTERRUPTED
-                ended(Ended(i, time.monotonic() - t0, status))
+                ended(Ended(i, time.monotonic() - t0, self._status(rc)))
             if self._running:
                 time.sleep(self.POLL_S)
+
+    def _status(self, rc: int) -> int:
+        """A cell's status from its process's return code. Once stopped, any death by signal (an
+        abort at exit too, after lnexp train recorded the interruption) is the stop's doing."""
+        if self._stopping and (rc < 0 or rc == Exit.INTERRUPTED):
+            return Exit.INTERRUPTED
+        return of_process(rc)
 
     def stop(self) -> None:
         if not self._stopping:
@@ -167,8 +185,7 @@ class ProcessLauncher:
             pass
 
 
-register("process", "one `python -m lnexp train` process per cell",
-         lambda setup, **options: ProcessLauncher(setup.gpus if setup else (), **options))
+register("process", "one `python -m lnexp train` process per cell", ProcessLauncher)
 
 
 def named_in(overrides: list[str]) -> str | None:
@@ -176,9 +193,6 @@ def named_in(overrides: list[str]) -> str | None:
     overrides asks for, as Hydra's own multirun would read it; None if they name none. (So that
     ``lnexp atlas hydra/launcher=submitit_slurm hydra.launcher.partition=gpu`` means
     ``--launcher submitit_slurm``: issue 43 names both spellings.)"""
-    for o in overrides:
-        key, _, value = o.lstrip("+").partition("=")
-        if key == "hydra/launcher" and value.startswith("submitit_") and value in names():
-            return value
-    return None
+    value = override.value(overrides, override.LAUNCHER_GROUP)
+    return value if isinstance(value, str) and value.startswith("submitit_") and value in names() else None
 

@@ -1,7 +1,9 @@
-"""What the atlas reads from a run, defined once for the plan, the driver, the claims and the
-figures: a run's outcome (:func:`outcome`, the one place a run's status is read), the arm and lr it
-belongs to, the per-run measures the claims compare (:func:`measure`), the runs of one arm at one lr
-(:class:`Cell`: stable when every finished seed trained) and an arm's largest stable lr.
+"""What the atlas trains and reads from a run, defined once for the plan, the driver, the claims,
+the launchers and the figures: a :class:`Cell` (one run: an arm at one lr with one seed, and its
+``lnexp train`` command line), a run's outcome (:func:`outcome`, the one place a run's status is
+read), the arm and lr it belongs to, the per-run measures the claims compare (:func:`measure`), the
+runs of one arm at one lr over seeds (:class:`Seeds`: stable when every finished seed trained) and
+an arm's largest stable lr.
 
 A run ends ``trained``, ``plateau`` (its validation NLL still at the unigram entropy, see
 lnexp/train/divergence.py) or ``diverged`` (NaN/inf loss or gradient, or a non-finite valid loss);
@@ -14,7 +16,7 @@ import csv
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from lnexp.results import Run
 from lnexp.run_status import ATLAS_OUTCOMES as OUTCOMES
@@ -76,6 +78,43 @@ class Arm:
         return f"{self.scheme.label}, {self.depth}+{self.depth}, {w}{dt}"
 
 
+def lr_text(lr: float) -> str:
+    """An lr as a command line writes it: its shortest form that reads back as the same number."""
+    short = f"{lr:g}"
+    return short if float(short) == lr else repr(float(lr))
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One run of the atlas: an arm at one lr (a value: a grid's index is the grid's business) with
+    one seed."""
+
+    arm: Arm
+    lr: float
+    seed: int
+
+    # the keys a cell's command line sets, in its order (residual_scale where dt is not 1)
+    KEYS: ClassVar = ("experiment", "placement", "norm", "depth", "lr", "warmup", "seed", "residual_scale")
+
+    def overrides(self, experiment: str | None = None) -> list[str]:
+        """The cell's ``lnexp train`` overrides: ``experiment`` (None: none), its scheme, depth, lr,
+        warm-up, seed and dt; the overrides every cell of an atlas gets follow them."""
+        a = self.arm
+        values = (experiment, a.scheme.placement, a.scheme.norm, a.depth, lr_text(self.lr), a.warmup,
+                  self.seed, None if a.dt == 1.0 else f"{a.dt:g}")
+        return [f"{k}={v}" for k, v in zip(self.KEYS, values, strict=True) if v is not None]
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm.label}, lr {self.lr:g}, seed {self.seed}"
+
+    def doc(self) -> dict[str, Any]:
+        """The cell as atlas_plan.json lists it."""
+        a = self.arm
+        return {"scheme": a.scheme.label, "placement": a.scheme.placement, "norm": a.scheme.norm,
+                "warmup": a.warmup, "depth": a.depth, "lr": self.lr, "seed": self.seed, "dt": a.dt}
+
+
 def arm_of(run: Run) -> Arm:
     return Arm(Scheme(str(run.get("placement.name")), str(run.get("norm.name", "layernorm"))),
                int(run.get("warmup")), int(run.get("depth.encoder_layers") or 6),
@@ -134,12 +173,12 @@ def measure(run: Run, name: str) -> float:
     return math.log2(v) if math.isfinite(v) and v > 0 else math.nan
 
 
-# --- cells ----------------------------------------------------------------------------------------
+# --- the runs of one arm at one lr ---------------------------------------------------------------
 
 
 @dataclass
-class Cell:
-    """The runs of one arm at one lr, over seeds."""
+class Seeds:
+    """The runs of one arm at one lr, one per seed (the cells of that arm and lr that ran)."""
 
     arm: Arm
     lr: float
@@ -181,14 +220,15 @@ class Cell:
                 "seeds": len(self.runs), **{o: c[o] for o in OUTCOMES}, "stable": self.stable}
 
 
-Cells = dict[tuple[Arm, float], Cell]
+SeedsAt = dict[tuple[Arm, float], Seeds]  # (arm, lr) -> its runs
 
 
-def cells(runs: Iterable[Run]) -> Cells:
-    out: Cells = {}
+def seeds_at(runs: Iterable[Run]) -> SeedsAt:
+    """The runs grouped by arm and lr."""
+    out: SeedsAt = {}
     for r in runs:
         a, lr = arm_of(r), float(r.get("lr"))
-        out.setdefault((a, lr), Cell(a, lr)).runs.append(r)
+        out.setdefault((a, lr), Seeds(a, lr)).runs.append(r)
     return dict(sorted(out.items()))
 
 
@@ -200,7 +240,7 @@ def boundary(states: list[bool | None]) -> tuple[int, int]:
     return max((i for i in range(hi) if states[i] is True), default=-1), hi
 
 
-def largest_stable(grid: Cells, lrs: list[float], arm: Arm) -> dict[str, Any]:
+def largest_stable(grid: SeedsAt, lrs: list[float], arm: Arm) -> dict[str, Any]:
     """Largest lr stable with every lower *measured* lr stable (bisection leaves gaps): ``known``
     once a failure is seen right above it or it is the grid's top; ``first_fail``: the lowest
     failing lr."""

@@ -17,6 +17,8 @@ JSON line on the worker's stdin (``{"index": i, "cell": [...]}``); its end is on
 result pipe (``{"index": i, "status": rc, "seconds": s}``); end of stdin ends the worker (so a
 worker whose atlas is gone ends after its cell). Workers run in their own session: a Ctrl-C in the
 terminal reaches the atlas alone, which stops each running cell with one SIGINT (:meth:`stop`).
+With GPUs, each worker is pinned to one (CUDA_VISIBLE_DEVICES) by its job slot, round robin, as
+the process launcher pins each cell.
 """
 
 from __future__ import annotations
@@ -31,17 +33,17 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from lnexp.atlas.launchers import Ended, register
+from lnexp.atlas.launchers import Ended, LaunchSetup, register
+from lnexp.atlas.outcomes import Cell
+from lnexp.exit_status import Exit, of_process
 from lnexp.logs import loggers_state, restore_loggers
 
 STOP_GRACE_S = 60.0  # after stop(), how long a running cell may take to record its interruption
-CRASH = 1  # the status of a cell whose worker died under it (lnexp train's crash status)
-INTERRUPTED = 130
 
 
 # --- the worker process ---------------------------------------------------------------------------
@@ -116,14 +118,14 @@ def train_cell(cell: list[str], fresh: ProcessState) -> int:
     try:
         return int(main(["train", *cell]) or 0)
     except SystemExit as e:  # Hydra's and argparse's own errors
-        return e.code if isinstance(e.code, int) else 1
+        return e.code if isinstance(e.code, int) else Exit.CRASH
     except KeyboardInterrupt:  # between lnexp train's own handlers: the cell was interrupted
-        return INTERRUPTED
+        return Exit.INTERRUPTED
     except Exception:  # lnexp train's own handlers report a run's failure; this is anything else
         import traceback
 
         traceback.print_exc()
-        return CRASH
+        return Exit.CRASH
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -141,15 +143,15 @@ def serve(cells: IO[str], results: IO[str]) -> int:
         try:
             line = cells.readline()
         except KeyboardInterrupt:  # the atlas stops: no cell running here
-            return INTERRUPTED
+            return Exit.INTERRUPTED
         if not line:
-            return 0
+            return Exit.OK
         job = json.loads(line)
         t0 = time.monotonic()
         try:
             status = train_cell(list(job["cell"]), fresh)
         except KeyboardInterrupt:  # a second interrupt while the first was being recorded
-            status = INTERRUPTED
+            status = Exit.INTERRUPTED
         results.write(json.dumps({"index": job["index"], "status": status,
                                   "seconds": round(time.monotonic() - t0, 3)}) + "\n")
         results.flush()
@@ -189,8 +191,9 @@ def main(argv: list[str] | None = None) -> int:
 @dataclass
 class _Worker:
     proc: subprocess.Popen
-    index: int | None = None  # the cell it trains, if any
-    cell: list[str] = field(default_factory=list)  # that cell's command line
+    slot: int  # its job slot: its GPU is setup.gpu(slot)
+    index: int | None = None  # the cell it trains, if any (its index in the round)
+    cell: Cell | None = None  # that cell
     t0: float = 0.0
     reported: bool = False
     reader: threading.Thread | None = field(default=None, repr=False)
@@ -198,13 +201,14 @@ class _Worker:
 
 class WorkerLauncher:
     """``jobs`` worker processes, kept from round to round (the imports and the CUDA context are
-    paid once per atlas); each trains the next queued cell as soon as it is free."""
+    paid once per atlas); each trains the next queued cell as soon as it is free. ``python``: the
+    interpreter a worker runs in; ``env``: its environment (None: this process's)."""
 
     name = "worker"
 
-    def __init__(self, log: Callable[[str], None] = print, python: str = sys.executable,
+    def __init__(self, setup: LaunchSetup, log: Callable[[str], None] = print, python: str = sys.executable,
                  env: dict[str, str] | None = None) -> None:
-        self.log, self.python, self.env = log, python, env
+        self.setup, self.log, self.python, self.env = setup, log, python, env
         self.workers: list[_Worker] = []
         self.events: queue.Queue[tuple[_Worker, dict[str, Any] | None]] = queue.Queue()
         self.stopping = False
@@ -212,7 +216,7 @@ class WorkerLauncher:
 
     # the protocol
 
-    def run_round(self, cells: list[list[str]], jobs: int, ended: Callable[[Ended], None]) -> None:
+    def run_round(self, cells: Sequence[Cell], jobs: int, ended: Callable[[Ended], None]) -> None:
         todo = deque(enumerate(cells))
         try:
             while True:
@@ -271,16 +275,21 @@ class WorkerLauncher:
     def _assign(self, todo: deque, jobs: int) -> None:
         """The next queued cells to free workers (started as needed), ``jobs`` cells at a time."""
         while todo and sum(w.index is not None for w in self.workers) < jobs:
-            w = next((w for w in self.workers if w.index is None), None) or self._start(jobs > 1)
+            w = next((w for w in self.workers if w.index is None), None) or self._start(jobs)
             index, cell = todo.popleft()
-            w.index, w.cell, w.t0 = index, list(cell), time.monotonic()
+            w.index, w.cell, w.t0 = index, cell, time.monotonic()
+            line = {"index": index, "cell": self.setup.command(cell)}
             try:
-                w.proc.stdin.write(json.dumps({"index": index, "cell": list(cell)}) + "\n")  # type: ignore[union-attr]
+                w.proc.stdin.write(json.dumps(line) + "\n")  # type: ignore[union-attr]
                 w.proc.stdin.flush()  # type: ignore[union-attr]
             except OSError:  # it died while idle: its reader reports it, with this cell
                 pass
 
-    def _start(self, shared: bool) -> _Worker:
+    def _start(self, jobs: int) -> _Worker:
+        """A new worker on the first job slot no live worker holds (a dead one's slot is reused)."""
+        held = {w.slot for w in self.workers}
+        slot = next(k for k in range(len(self.workers) + 1) if k not in held)
+        env = {**(self.env if self.env is not None else os.environ), **self.setup.gpu(slot)}
         r, wfd = os.pipe()
         cmd = [self.python, "-m", "lnexp.atlas.worker", "--result-fd", str(wfd)]
         # an atlas started in the background ignores SIGINT, and a child would inherit that until
@@ -290,13 +299,13 @@ class WorkerLauncher:
         if ignored:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
         try:
-            proc = subprocess.Popen([*cmd, *(["--shared"] if shared else [])], stdin=subprocess.PIPE,
-                                    text=True, pass_fds=(wfd,), env=self.env, start_new_session=True)
+            proc = subprocess.Popen([*cmd, *(["--shared"] if jobs > 1 else [])], stdin=subprocess.PIPE,
+                                    text=True, pass_fds=(wfd,), env=env, start_new_session=True)
         finally:
             if ignored:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.close(wfd)
-        w = _Worker(proc)
+        w = _Worker(proc, slot)
         w.reader = threading.Thread(target=self._read, args=(w, os.fdopen(r)), daemon=True)
         w.reader.start()
         self.workers.append(w)
@@ -319,16 +328,21 @@ class WorkerLauncher:
             self.workers.remove(w)
         if w.index is not None and not w.reported:  # reported once; its cell counts as failed
             w.reported = True
-            status = INTERRUPTED if self.stopping else 128 - rc if rc < 0 else CRASH
+            status = Exit.INTERRUPTED if self.stopping else of_process(rc) if rc < 0 else Exit.CRASH
             if not self.stopping:  # (a worker stopped between two cells ends: no failure)
-                how = (f"was killed by signal {-rc} ({signal.Signals(-rc).name})" if rc < 0
-                       else f"ended (exit status {rc})")
-                folder = _folder_of(w.proc.pid, w.cell)
-                self.log(f"lnexp atlas: the worker (pid {w.proc.pid}) {how} while training the cell "
-                         f"`lnexp train {' '.join(w.cell)}`{f' ({folder})' if folder else ''}: the cell "
-                         "counts as failed")
+                self.log(self._death(w, rc))
             index, w.index = w.index, None
             ended(Ended(index, time.monotonic() - w.t0, status))
+
+    def _death(self, w: _Worker, rc: int) -> str:
+        """The line that reports a worker dead under its cell: the cell, its command line and folder."""
+        how = (f"was killed by signal {-rc} ({signal.Signals(-rc).name})" if rc < 0
+               else f"ended (exit status {rc})")
+        assert w.cell is not None
+        folder = _folder_of(w.proc.pid, self.setup.runs_root)
+        return (f"lnexp atlas: the worker (pid {w.proc.pid}) {how} while training the cell {w.cell.label} "
+                f"(`lnexp train {' '.join(self.setup.command(w.cell))}`{f', {folder}' if folder else ''}): "
+                "the cell counts as failed")
 
     def _drain(self, ended: Callable[[Ended], None]) -> None:
         """After stop(): wait for the running cells to record their interruption (killed past
@@ -347,10 +361,9 @@ class WorkerLauncher:
             self._handle(worker, msg, ended)
 
 
-def _folder_of(pid: int, cell: list[str]) -> Path | None:
-    """The run folder a cell's ``lnexp train`` was training in process ``pid`` (its status.json says
-    so), under the cell's runs root; None where none does."""
-    root = Path(next((o.split("=", 1)[1] for o in reversed(cell) if o.startswith("runs_root=")), "runs"))
+def _folder_of(pid: int, root: Path) -> Path | None:
+    """The run folder under ``root`` that process ``pid`` was training (its status.json says so);
+    None where none is."""
     for status in root.glob("**/status.json"):
         try:
             if json.loads(status.read_text()).get("pid") == pid:
@@ -365,5 +378,4 @@ if __name__ == "__main__":
 
 
 register("worker", "long-lived worker processes, each training cells one after another in one "
-         "process (imports, CUDA context paid once)",
-         lambda setup, **options: WorkerLauncher(**options))
+         "process (imports, CUDA context paid once)", WorkerLauncher)

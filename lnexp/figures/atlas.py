@@ -19,7 +19,7 @@ from typing import Any
 
 from lnexp.atlas import claims as C
 from lnexp.atlas.grid import Grid, read_grid
-from lnexp.atlas.outcomes import OUTCOMES, Cells, cells, final, largest_stable, norms_of, outcome
+from lnexp.atlas.outcomes import OUTCOMES, SeedsAt, final, largest_stable, norms_of, outcome, seeds_at
 from lnexp.figures import atlas_zoo as Z
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
@@ -78,7 +78,7 @@ def to_check(v: C.Verdict, grid: Grid) -> Check:
     return Check(v.claim.id, v.claim.claim, v.claim.paper, measured, ours, v.holds, required=False)
 
 
-def atlas_grid(scale: str, plan: dict, got: Cells) -> Grid:
+def atlas_grid(scale: str, plan: dict, got: SeedsAt) -> Grid:
     """The grid lnexp atlas chose from (its plan's lrs and shared lr, else the experiment's), so that
     a bound is known only against it, not against the lrs that happened to run."""
     try:
@@ -94,7 +94,7 @@ def atlas_grid(scale: str, plan: dict, got: Cells) -> Grid:
 
 
 def main(argv: list[str]) -> int:
-    from lnexp.atlas.driver import read_plan
+    from lnexp.atlas.rounds import read_plan
     from lnexp.errors import UserError
 
     args, exps, found = R.start(FIGURE, FIGURE.help, argv)
@@ -102,7 +102,7 @@ def main(argv: list[str]) -> int:
     if not runs:
         raise UserError(f"no runs of experiment={exps[0]} under {args.runs_root}: run `make atlas"
                         f"{'' if args.scale == 'mini' else ' SCALE=' + args.scale}` first")
-    got, plan = cells(runs), read_plan(args.runs_root)
+    got, plan = seeds_at(runs), read_plan(args.runs_root)
     grid = atlas_grid(args.scale, plan, got)
     verdicts = C.evaluate(grid, got, max_seeds=int(plan.get("max_seeds") or C.MAX_SEEDS))  # the driver's cap
     cks = [to_check(v, grid) for v in verdicts]
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def draw(got: Cells, grid: Grid, args, plan: dict) -> tuple[list, str]:
+def draw(got: SeedsAt, grid: Grid, args, plan: dict) -> tuple[list, str]:
     """The four figures, their CSVs and the per-scheme table; the note says what the budget left out."""
     from lnexp.figures import style
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lnexp.atlas.outcomes import Cells
+from lnexp.atlas.outcomes import SeedsAt
 from lnexp.results import Run
 
 LR_FIELDS = ("scheme", "depth", "warmup", "largest_stable_lr", "top", "known", "first_failing_lr")
@@ -94,7 +94,7 @@ def _colour(scheme: str) -> str:
     return style.COLORS.get(scheme.partition("+")[0], "0.4")
 
 
-def draw_maps(grid: Cells, schemes: list[str], lrs: list[float], depths: list[int]):
+def draw_maps(grid: SeedsAt, schemes: list[str], lrs: list[float], depths: list[int]):
     """Per scheme and depth a map, lr x (warm-up, dt): green = every finished seed trained, red = one
     failed, grey = not run; a number = seeds when more than one."""
     import numpy as np

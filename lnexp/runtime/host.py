@@ -1,10 +1,14 @@
-"""What this host is, in the words a measurement is reported with (the figures' checks, the
-report, the benchmarks): one reader of /proc/cpuinfo's model name; and the device a config's
-``device`` means here (``resolve_device``)."""
+"""What this host is: in the words a measurement is reported with (the figures' checks, the
+report, the benchmarks: one reader of /proc/cpuinfo's model name); what it has to run jobs on (its
+usable cores, its GPUs as the jobs will number them, its memory: the one place each is found); and
+the device a config's ``device`` means here (``resolve_device``)."""
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -31,3 +35,71 @@ def resolve_device(cfg) -> str:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but torch sees no GPU: use device=cpu or install a CUDA torch")
     return cfg.device
+
+
+def cores() -> int:
+    """The cores this process may run on (a container's or taskset's limit included)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def memory_gib() -> float | None:
+    """The host's memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str  # its CUDA id as a process started from here sees it (CUDA_VISIBLE_DEVICES renumbers)
+    name: str
+    memory_gib: float
+
+
+def gpus() -> tuple[list[Gpu], str]:
+    """(the GPUs a process started from here can use, how they were found), without CUDA (its
+    start-up takes seconds, and the caller may have no use for a CUDA context): ``nvidia-smi``
+    lists them with their names and memory, CUDA_VISIBLE_DEVICES narrows them, and a CPU build of
+    torch (its version ends in +cpu, read from its metadata) means none."""
+    try:
+        from importlib.metadata import version
+
+        if version("torch").endswith("+cpu"):
+            return [], f"torch {version('torch')} is a CPU build"
+    except Exception:  # noqa: BLE001 - no torch metadata: nvidia-smi decides
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return [], "no nvidia-smi"
+    found = gpus_of(out.stdout if out.returncode == 0 else "", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return found, "nvidia-smi" if found else "nvidia-smi lists no GPU"
+
+
+def gpus_of(listing: str, visible: str | None) -> list[Gpu]:
+    """The GPUs of ``nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader,nounits``
+    output, narrowed to ``visible`` (CUDA_VISIBLE_DEVICES: indices, or UUIDs counted; None: every
+    GPU), each with the CUDA id a process sees it as."""
+    listed = []
+    for line in listing.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 3:
+            try:
+                listed.append(Gpu(parts[0], parts[1], float(parts[2]) / 1024))
+            except ValueError:
+                continue
+    if visible is None:
+        return listed
+    wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    wanted = wanted[:wanted.index("-1")] if "-1" in wanted else wanted  # CUDA stops at an invalid id
+    if all(v.isdigit() for v in wanted):  # renumbered from 0 in CUDA_VISIBLE_DEVICES's order
+        by_index = {g.id: g for g in listed}
+        return [Gpu(str(k), by_index[v].name, by_index[v].memory_gib) for k, v in enumerate(wanted)
+                if v in by_index]
+    return [Gpu(str(k), g.name, g.memory_gib) for k, g in enumerate(listed[:len(wanted)])]  # UUIDs

@@ -20,19 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from lnexp.rundir import process_started, same_process
+from lnexp.runtime.host import cores
 
 log = logging.getLogger("lnexp.train")
 ACTIVE_ENV = "LNEXP_ACTIVE_DIR"  # where trainings register (default: the temp folder's lnexp-active)
 REFRESH_S = 2.0  # how often a running training looks for others
 PASSIVE_ENV = "LNEXP_PASSIVE_WAIT"  # why this launch set OMP_WAIT_POLICY=PASSIVE (the threads line says)
-
-
-def cores() -> int:
-    """The cores this process may run on (a container's or taskset's limit included)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def active_dir() -> Path:
