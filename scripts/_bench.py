@@ -197,7 +197,8 @@ class Meter:
         self.flops = self.ftok = self.tokens = self.seconds = 0.0
         self.overflows = self.updates = self.failed = 0
         self.losses: list[float] = []
-        self.times: list[float] = []
+        self.times: list[float] = []  # each timed update's seconds
+        self.rates: list[float] = []  # ... and its target tokens/s
 
     def warm(self, count_flops: bool = False, on_first=None) -> None:
         """One untimed update (under FlopCounterMode if ``count_flops``)."""
@@ -231,9 +232,11 @@ class Meter:
         self.times.append(dt)
         self.updates += 1
         if step and not step.get("overflow"):
-            self.tokens += step["ntokens"]  # all ranks' target tokens (fairseq's wpb)
+            tokens = float(step["ntokens"])  # all ranks' target tokens (fairseq's wpb)
         else:
-            self.tokens += target_tokens(samples) * run.trainer.data_parallel_world_size
+            tokens = target_tokens(samples) * run.trainer.data_parallel_world_size
+        self.tokens += tokens
+        self.rates.append(tokens / dt if dt > 0 else float("nan"))
         self._count(step)
         return dt
 
@@ -259,6 +262,7 @@ class Meter:
 
         dt = self.seconds
         return {"tokens": self.tokens, "seconds": dt, "tok_s": self.tokens / dt if dt else float("nan"),
+                "tok_s_median": median(self.rates),
                 "s_per_update": dt / self.updates if self.updates else float("nan"),
                 "flops_per_token": self.flops / self.ftok if self.ftok else float("nan"),
                 "overflows": self.overflows, "failed": self.failed, "correct": self.correct,

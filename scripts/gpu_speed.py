@@ -53,8 +53,8 @@ SETTINGS: dict[str, dict] = {
 GRAPHS = ["compile=true", "speed.compile_mode=reduce-overhead", BUCKETS]  # last phase
 WIN = 1.03  # a setting joins the best combination if alone it is at least 3% faster (paired)
 NAN = float("nan")
-HEADERS = ["phase", "placement", "precision", "run", "tok/s", "x default", "x stock", "of peak",
-           "s/update", "correct", "overflows", "stock setting"]
+HEADERS = ["phase", "placement", "precision", "run", "tok/s", "median tok/s", "x default", "x stock",
+           "of peak", "s/update", "median s/update", "correct", "overflows", "stock setting"]
 
 
 def combine(singles: dict[str, dict], precision: str) -> tuple[list[str], list[str]]:
@@ -86,9 +86,12 @@ class Table:
             v["x_default"] = 1.0 if k == "default" else B.paired_ratio(default, v)
             x_stock = B.paired_ratio(stock, v) if stock is not None else NAN
             of_peak = v["tok_s"] * default["flops_per_token"] / peak if peak else NAN
-            self.rows.append([phase, placement, precision, k, v["tok_s"], v["x_default"], x_stock,
-                              of_peak, v["s_per_update"], v["correct"], v["overflows"],
+            self.rows.append([phase, placement, precision, k, v["tok_s"], v["tok_s_median"],
+                              v["x_default"], x_stock, of_peak, v["s_per_update"],
+                              B.median(v["times"]), v["correct"], v["overflows"],
                               stock_label if k == "default" else ""])
+            self.meta.setdefault("times", {})[f"{phase} {placement} {precision} {k}"] = [
+                round(t, 5) for t in v["times"]]
         self.save()
 
     def save(self) -> None:
@@ -152,9 +155,10 @@ def profile(run: B.Timed, out: Path | None) -> dict:
         return float(getattr(e, "self_device_time_total", None)
                      or getattr(e, "self_cuda_time_total", 0) or 0)
 
-    def on_device(e) -> bool:  # a kernel, copy or set on the GPU (an operator's device time is
-        # its kernels' again: counting both would count twice)
-        return str(getattr(e, "device_type", "")).endswith("CUDA")
+    def on_device(e) -> bool:  # a kernel, copy or set on the GPU: not an operator (its device
+        # time is its kernels' again) nor a user annotation ("forward", "clip-grads": ranges)
+        return (str(getattr(e, "device_type", "")).endswith("CUDA")
+                and not getattr(e, "is_user_annotation", False))
 
     key = dev if cuda else (lambda e: float(e.self_cpu_time_total))
     busy = sum(dev(e) for e in events if on_device(e)) / 1e6 if cuda else NAN
