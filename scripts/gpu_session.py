@@ -126,6 +126,20 @@ def install(wheels: Path, out: Path, work: Path, env: dict[str, str], log: dict,
     return str(venv / "bin" / "python") if rc == 0 else sys.executable
 
 
+def atlas_budget(runs: Path, minutes: float) -> float:
+    """lnexp atlas's --budget-min for ``minutes`` more of atlas: its budget counts over resumes
+    (atlas_state.json's spent_s), so what a resumed atlas has spent goes on top."""
+    spent = float((read_json(runs / "atlas_state.json") or {}).get("spent_s", 0.0))
+    return round(spent / 60 + minutes, 2)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def gpu_visible() -> str | None:
     """None where torch sees a CUDA GPU, else why not (one line)."""
     try:
@@ -152,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"measure: epochs of each Fig. 2 run (default {FIG2_EPOCHS}: ~25 s each with "
                         "four runs on an H200)")
     p.add_argument("--atlas-min", type=float, default=ATLAS_MIN,
-                   help=f"atlas: the atlas's budget in minutes (default {ATLAS_MIN:g}; the session "
-                        "takes 2.5 minutes more)")
+                   help=f"atlas: minutes of atlas in this session (default {ATLAS_MIN:g}; the session "
+                        "takes 2.5 minutes more), on top of what a resumed atlas has spent")
+    p.add_argument("--resume-atlas", type=Path, default=None,
+                   help="atlas: a kept atlas folder (OUT/atlas of an earlier session, its cells' small "
+                        "files) to go on from: copied into WORK/atlas-runs first")
     p.add_argument("--atlas-launcher", default="worker",
                    help="atlas: how the atlas trains its cells (lnexp atlas --launcher; default worker)")
     p.add_argument("--tar", type=Path, default=None,
@@ -224,16 +241,24 @@ def atlas(py: str, args: argparse.Namespace, out: Path, work: Path, env: dict[st
     """The atlas session's parts: the whole mini atlas within its budget, then its figures; the
     small files of every cell (no checkpoints: atlas cells keep none) copied to OUT/atlas."""
     runs = work / "atlas-runs"
-    # --tiny: a few tiny cells on CPU, one at a time, within about a minute and a half
-    budget_min = 1.5 if args.tiny else args.atlas_min
+    if args.resume_atlas is not None:  # an earlier window's cells: finished ones are not run again
+        import shutil
+
+        shutil.copytree(args.resume_atlas, runs, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("figures"))
+    # --tiny: a few tiny cells on CPU within about a minute and a half
+    budget_min = atlas_budget(runs, 1.5 if args.tiny else args.atlas_min)
     cmd = [py, "-m", "lnexp.cli", "atlas", "--scale", "mini", "--runs-root", str(runs),
            "--budget-min", f"{budget_min:g}", "--launcher", args.atlas_launcher,
            *(["--jobs", "1"] if args.tiny else []), *data_over, *(TINY_ATLAS if args.tiny else [])]
     rc = run_part("atlas", cmd, out, b["atlas"], env, log)
     keep = (out / "atlas")
     keep.mkdir(exist_ok=True)
+    # each cell's small files, enough for the figures and for a later window to resume from
+    # (--resume-atlas): its overrides name its experiment; no checkpoints (atlas cells keep none)
     for f in (*runs.glob("atlas_*.json"), *runs.glob("*/status.json"), *runs.glob("*/run.json"),
-              *runs.glob("*/metrics.jsonl")):
+              *runs.glob("*/metrics.jsonl"), *runs.glob("*/norms.csv"),
+              *runs.glob("*/.hydra/overrides.yaml")):
         dest = keep / f.relative_to(runs)
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(f.read_bytes())

@@ -95,6 +95,15 @@ def test_the_session_fits_ten_minutes_of_a_fifteen_minute_window():
     assert gpu_session.SESSIONS["atlas"]["atlas"] == 60  # budgets() derives a value, changes nothing
 
 
+def test_a_resumed_atlas_gets_this_sessions_minutes_on_top_of_what_it_spent(tmp_path):
+    """lnexp atlas's --budget-min counts over resumes: a session resuming an atlas that spent 2.5
+    minutes with --atlas-min 4 gives it 6.5 (a window of 2026-12-04 gave 2.6 and ran no cell)."""
+    gpu_session = session_module()
+    assert gpu_session.atlas_budget(tmp_path, 4) == 4
+    (tmp_path / "atlas_state.json").write_text(json.dumps({"spent_s": 150.0, "costs": {}}))
+    assert gpu_session.atlas_budget(tmp_path, 4) == 6.5
+
+
 def test_without_a_gpu_the_session_stops_at_once_unless_tiny(tmp_path):
     """On a machine where torch sees no GPU the real session would train the paper's model on CPU
     until its budgets killed it: one line, exit 2, nothing written."""
@@ -178,6 +187,11 @@ def test_the_atlas_session_runs_the_atlas_and_its_figures_and_packs_one_tarball(
     assert plan["launched"] and plan["claims"]  # cells ran, and every claim has its verdict text
     cells = list((out / "atlas").glob("*/status.json"))
     assert cells and all((c.parent / "metrics.jsonl").is_file() for c in cells)
+    # what a later window resumes from (--resume-atlas): each cell's overrides name its experiment
+    from lnexp.results import collect_runs
+
+    kept = collect_runs(out / "atlas")
+    assert len(kept) == len(cells) and {r.experiment for r in kept} == {"atlas_mini"}
     assert not list(out.rglob("*.pt")) and (out / "atlas" / "figures" / "atlas_checks.json").is_file()
     with tarfile.open(tar) as t:
         names = t.getnames()
