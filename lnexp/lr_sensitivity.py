@@ -13,6 +13,7 @@ or whose run has not finished, is named as missing: the measure is then over few
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,31 +60,45 @@ def arm_keys(runs: list[Run]) -> list[str]:
 
 @dataclass(frozen=True)
 class ArmSeed:
-    arm: str  # "key=value, ..." of arm_keys, or "all runs"
+    arm: Any  # "key=value, ..." of arm_keys ("all runs"), or what ``arm_of`` gave (its .label)
     seed: Any
     result: LrSensitivity
+    final: dict[float, float]  # each lr's final valid loss (nan: diverged)
+    init: dict[float, float]  # each lr's loss at initialisation
+
+    @property
+    def label(self) -> str:
+        return str(getattr(self.arm, "label", self.arm))
 
 
-def measure(runs: list[Run]) -> tuple[list[float], list[ArmSeed]]:
-    """The folder's lr grid, and the measure of each arm and seed over it."""
-    keys = arm_keys(runs)
+def measure(runs: list[Run], arm_of: Callable[[Run], Any] | None = None
+            ) -> tuple[list[float], list[ArmSeed]]:
+    """The folder's lr grid, and the measure of each arm and seed over it. ``arm_of``: a run's arm
+    (the atlas's: scheme, warm-up, depth, dt); by default the config values that vary but the lr
+    and the seed."""
+    if arm_of is None:
+        keys = arm_keys(runs)
+
+        def arm_of(run: Run) -> str:
+            leaves = _leaves(run.config)
+            return ", ".join(f"{k.removesuffix('.name')}={_fmt(_plain(leaves.get(k)))}"
+                             for k in keys) or "all runs"
     grid = sorted({float(r.get("lr")) for r in runs if r.get("lr") is not None})
-    groups: dict[tuple[str, Any], dict[float, Run]] = {}
+    groups: dict[tuple[Any, Any], dict[float, Run]] = {}
     for run in runs:
-        if run.get("lr") is None:
-            continue
-        leaves = _leaves(run.config)
-        arm = ", ".join(f"{k.removesuffix('.name')}={_fmt(_plain(leaves.get(k)))}" for k in keys)
-        groups.setdefault((arm or "all runs", run.get("seed")), {})[float(run.get("lr"))] = run
+        if run.get("lr") is not None:
+            groups.setdefault((arm_of(run), run.get("seed")), {})[float(run.get("lr"))] = run
     out = []
-    for (arm, seed), by_lr in sorted(groups.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+    for (arm, seed), by_lr in sorted(groups.items(), key=lambda kv: (str(getattr(kv[0][0], "label",
+                                                                                 kv[0][0])),
+                                                                      str(kv[0][1]))):
         final, init = {}, {}
         for lr, run in by_lr.items():
             loss = final_loss(run)
             if loss is None:
                 continue
             final[lr], init[lr] = loss, loss_at_init(run)
-        out.append(ArmSeed(arm, seed, lr_sensitivity(final, init, grid)))
+        out.append(ArmSeed(arm, seed, lr_sensitivity(final, init, grid), final, init))
     return grid, out
 
 
@@ -103,7 +118,7 @@ def table(grid: list[float], rows: list[ArmSeed]) -> str:
     cells = [head]
     for r in rows:
         s = r.result
-        cells.append([r.arm, _fmt(r.seed), f"{len(s.lrs)}/{len(grid)}",
+        cells.append([r.label, _fmt(r.seed), f"{len(s.lrs)}/{len(grid)}",
                       _fmt(s.best_lr) if s.lrs else "-", _num(s.best), _num(s.value),
                       ",".join(_fmt(x) for x in s.capped) or "-",
                       ",".join(_fmt(x) for x in s.missing) or "-"])
@@ -112,7 +127,7 @@ def table(grid: list[float], rows: list[ArmSeed]) -> str:
     arms: dict[str, list[float]] = {}
     for r in rows:
         if r.result.complete:
-            arms.setdefault(r.arm, []).append(r.result.value)
+            arms.setdefault(r.label, []).append(r.result.value)
     if arms:
         lines += ["", "over seeds (complete grids only): mean ± half-width of the 95% t-interval"]
         lines += [f"  {arm}: {summarise(vals).text(3)}" for arm, vals in sorted(arms.items())]

@@ -80,7 +80,38 @@ def test_lr_sensitivity_of_a_real_lr_sweep(tmp_path, small_multi30k):
     assert len(runs) == 2 and all(math.isfinite(loss_at_init(r)) for r in runs)
     grid, rows = measure(runs)
     (row,) = rows
-    assert grid == [0.001, 0.1] and row.arm == "all runs" and row.result.complete
+    assert grid == [0.001, 0.1] and row.label == "all runs" and row.result.complete
     assert row.result.value >= 0 and math.isfinite(row.result.best)
     proc = lnexp_main("results", str(root), "--lr-sensitivity", cache=tmp_path / "cache")
     assert "all runs" in proc.stdout and "2/2" in proc.stdout
+
+
+def test_the_figure_draws_curves_with_the_cap_and_each_arms_interval(tmp_path):
+    """lnexp.figures.lr_sensitivity from hand-made arms: the curves' CSV rows cap a diverged seed
+    at its loss at init, the sensitivity rows take complete grids only, and the figure is drawn."""
+    from lnexp.atlas.outcomes import Arm, Scheme
+    from lnexp.figures import lr_sensitivity as F
+    from lnexp.figures import style
+    from lnexp.lr_sensitivity import ArmSeed
+    from lnexp.stats import lr_sensitivity
+
+    grid = [1e-4, 1e-3, 1e-2]
+    rows = []
+    for placement, losses in {"pre_ln": [(7.0, 6.0, 6.5), (7.2, 6.1, 6.4)],
+                              "post_ln": [(6.5, math.nan, 10.5), (6.6, 6.2, None)]}.items():
+        for warmup in (0, 40):
+            arm = Arm(Scheme(placement), warmup, 6)
+            for seed, per_lr in enumerate(losses, 1):
+                final = {lr: x for lr, x in zip(grid, per_lr, strict=True) if x is not None}
+                init = dict.fromkeys(final, 10.0)
+                rows.append(ArmSeed(arm, seed, lr_sensitivity(final, init, grid), final, init))
+    curves = F.curve_rows(rows, grid)
+    post = {c["lr"]: c for c in curves if c["scheme"] == "post_ln" and c["warmup"] == 0}
+    assert post[1e-3]["diverged"] == 1 and post[1e-3]["capped_mean"] == pytest.approx((10 + 6.2) / 2)
+    assert post[1e-3]["mean_final_loss"] == 6.2 and post[1e-2]["seeds"] == 1  # seed 2 lacks 1e-2
+    assert post[1e-2]["capped_mean"] == 10.0  # 10.5 ended above its loss at init
+    sens = {(s["scheme"], s["warmup"]): s for s in F.sensitivity_rows(rows)}
+    assert sens[("post_ln", 0)]["complete_seeds"] == 1 and sens[("pre_ln", 40)]["complete_seeds"] == 2
+    assert sens[("pre_ln", 0)]["mean"] == pytest.approx(((1 + 0 + 0.5) / 3 + (1.1 + 0 + 0.3) / 3) / 2)
+    paths = style.save(F.draw(curves, list(sens.values())), tmp_path, "atlas_lr_sensitivity")
+    assert any(p.suffix == ".png" and p.stat().st_size > 10_000 for p in paths)
