@@ -424,7 +424,7 @@ BOUNDS: dict[str, Bound] = {
 }
 # lnexp.train.speed's settings (configs/train.yaml's speed group)
 SYNCS = ("fewer", "every")
-ADAM_KERNELS = ("fairseq", "foreach", "fused")
+ADAM_KERNELS = ("auto", "fairseq", "foreach", "fused")
 HALF_PATHS = ("cast", "autocast")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # Keys that take one of a few words.

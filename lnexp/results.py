@@ -1,6 +1,6 @@
 """``lnexp results``: the table of runs under a runs root, and the Python API figures read runs through.
 
-    lnexp results [RUNS_ROOT] [KEY=VALUE ...] [--group-by KEY[,KEY]] [--csv [PATH|-]]
+    lnexp results [RUNS_ROOT] [KEY=VALUE ...] [--group-by KEY[,KEY]] [--csv [PATH|-]] [--lr-sensitivity]
 
 A run is a directory holding ``.hydra/config.yaml`` or ``status.json`` (what ``lnexp train`` writes).
 Its configuration comes from ``run.json`` (resolved) or else Hydra's ``.hydra/config.yaml``; its
@@ -420,6 +420,9 @@ def main(argv: list[str]) -> int:
                     help="one row per group (e.g. placement,warmup): n, seeds, mean ± 95%% t-interval")
     ap.add_argument("--csv", nargs="?", const="-", default=None, metavar="PATH",
                     help="write CSV to PATH (or stdout with - or no value) instead of the table")
+    ap.add_argument("--lr-sensitivity", action="store_true",
+                    help="Wortsman et al.'s LR sensitivity of each arm and seed of an lr sweep "
+                         "(lnexp.lr_sensitivity), with the lrs each lacks")
     args = ap.parse_args(argv)
     args.runs_root, args.filters = runs_root_of(args.filters, args.runs_root)
     if args.csv not in (None, "-"):
@@ -428,6 +431,11 @@ def main(argv: list[str]) -> int:
     if not args.runs_root.is_dir():
         raise UserError(f"no runs root {args.runs_root}: train first (lnexp train ...) or pass --runs-root")
     runs = collect_runs(args.runs_root, **filters)
+    if args.lr_sensitivity:
+        from lnexp.lr_sensitivity import report
+
+        print(report(runs))
+        return 0
     if args.group_by is not None:
         return print_groups(runs, args)
     rows = [r.row() for r in runs]

@@ -8,7 +8,8 @@ the library call and a formula on fixed tables).
   one arm against a share, two arms by Boschloo's exact test;
 - :func:`paired`, :func:`tost`: differences paired by seed, one-sided t-tests and TOST;
 - :func:`holm`: Holm's step-down adjustment across claims;
-- :func:`paired_n`, :func:`share_n`: seeds per arm for a stated effect at a given power.
+- :func:`paired_n`, :func:`share_n`: seeds per arm for a stated effect at a given power;
+- :func:`lr_sensitivity`: Wortsman et al.'s learning-rate sensitivity of one arm and seed.
 """
 
 from __future__ import annotations
@@ -247,3 +248,46 @@ def share_n(p1: float, p2: float | None, alpha: float, power: float = POWER) -> 
         if got >= power:
             return n
     return MAX_N + 1
+
+
+@dataclass(frozen=True)
+class LrSensitivity:
+    """Wortsman et al.'s (2023, section 2.2) LR sensitivity of one arm and seed over an lr grid:
+    the mean over the grid of ``min(loss(lr), loss_0(lr)) - loss*``, where ``loss*`` is the lowest
+    final loss over the grid and ``loss_0`` the run's loss at initialisation, which caps a run that
+    diverged or ended worse than it began. Units are the losses' (bits/token in lnexp)."""
+
+    value: float  # nan when no lr of the grid has a run
+    best: float  # loss*
+    best_lr: float
+    lrs: tuple[float, ...]  # the grid's lrs that have a run
+    capped: tuple[float, ...]  # ... whose final loss was not finite or above its loss_0
+    missing: tuple[float, ...]  # the grid's lrs without a finished run
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and bool(self.lrs)
+
+
+def lr_sensitivity(final: dict[float, float], loss_0: dict[float, float],
+                   grid: list[float] | tuple[float, ...] | None = None) -> LrSensitivity:
+    """``final``: each lr's final validation loss (nan or inf for a diverged run); ``loss_0``: each
+    lr's loss at initialisation (the same for every lr when the seed is: common random numbers);
+    ``grid``: the lrs the measure is over (default: those of ``final``). An lr of the grid missing
+    from ``final`` is left out of the mean and named in ``missing``."""
+    grid = tuple(sorted(grid if grid is not None else final))
+    present = tuple(lr for lr in grid if lr in final and math.isfinite(loss_0.get(lr, math.nan)))
+    capped, losses = [], {}
+    for lr in present:
+        loss = final[lr]
+        if not math.isfinite(loss) or loss > loss_0[lr]:
+            capped.append(lr)
+            loss = loss_0[lr]
+        losses[lr] = loss
+    missing = tuple(lr for lr in grid if lr not in present)
+    if not losses:
+        return LrSensitivity(math.nan, math.nan, math.nan, (), (), missing)
+    best_lr = min(losses, key=lambda lr: losses[lr])
+    best = losses[best_lr]
+    value = statistics.fmean(v - best for v in losses.values())
+    return LrSensitivity(value, best, best_lr, present, tuple(capped), missing)

@@ -106,11 +106,15 @@ class Timed:
         ``dist``: this process is one rank of a data-parallel run (see ``data_parallel``)."""
         import torch
 
+        from lnexp.train import speed
         from lnexp.train.session import Session
 
+        self.overrides = list(overrides)
         self.cfg = cfg = compose_checked(overrides)
-        if cfg.threads:
-            torch.set_num_threads(int(cfg.threads))
+        # this run's torch threads (speed.gpu_threads on a GPU), set again before each of its
+        # updates: runs interleaved in one process may ask for different counts
+        self.threads = speed.threads(cfg)
+        self.use_threads()
         extra = None if stock in (None, False) else ({} if stock is True else dict(stock))
         self.session = run = Session.build(cfg, dist=dist, stock=extra)
         self.task, self.model, self.trainer = run.task, run.model, run.trainer
@@ -120,6 +124,12 @@ class Timed:
         self._update = run.step
         self._itr = None
         self._sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+
+    def use_threads(self) -> None:
+        import torch
+
+        if self.threads and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
 
     @property
     def updates_per_epoch(self) -> int:
@@ -187,9 +197,12 @@ class Meter:
         self.flops = self.ftok = self.tokens = self.seconds = 0.0
         self.overflows = self.updates = self.failed = 0
         self.losses: list[float] = []
+        self.times: list[float] = []  # each timed update's seconds
+        self.rates: list[float] = []  # ... and its target tokens/s
 
     def warm(self, count_flops: bool = False, on_first=None) -> None:
         """One untimed update (under FlopCounterMode if ``count_flops``)."""
+        self.run.use_threads()
         samples = self.run._next()
         if count_flops:
             with flop_counter() as fc:
@@ -206,6 +219,7 @@ class Meter:
         """One timed update, device synchronised before and after (``sync=False``: the caller
         times a window of them); its seconds."""
         run = self.run
+        run.use_threads()
         if sync:
             run._sync()
         t = time.perf_counter()
@@ -215,11 +229,14 @@ class Meter:
             run._sync()
         dt = time.perf_counter() - t
         self.seconds += dt
+        self.times.append(dt)
         self.updates += 1
         if step and not step.get("overflow"):
-            self.tokens += step["ntokens"]  # all ranks' target tokens (fairseq's wpb)
+            tokens = float(step["ntokens"])  # all ranks' target tokens (fairseq's wpb)
         else:
-            self.tokens += target_tokens(samples) * run.trainer.data_parallel_world_size
+            tokens = target_tokens(samples) * run.trainer.data_parallel_world_size
+        self.tokens += tokens
+        self.rates.append(tokens / dt if dt > 0 else float("nan"))
         self._count(step)
         return dt
 
@@ -245,11 +262,54 @@ class Meter:
 
         dt = self.seconds
         return {"tokens": self.tokens, "seconds": dt, "tok_s": self.tokens / dt if dt else float("nan"),
+                "tok_s_median": median(self.rates),
                 "s_per_update": dt / self.updates if self.updates else float("nan"),
                 "flops_per_token": self.flops / self.ftok if self.ftok else float("nan"),
                 "overflows": self.overflows, "failed": self.failed, "correct": self.correct,
+                "times": self.times,
                 "loss_scale": fa.loss_scale(self.run.trainer),
                 "world_size": self.run.trainer.data_parallel_world_size}
+
+
+def interleaved(runs: dict[str, Timed], warmup: int, updates: int, on_first=None,
+                counted: tuple[str, ...] = ("lnexp",)) -> dict[str, dict]:
+    """Every run's ``warmup`` untimed updates (the first of each run in ``counted`` under
+    FlopCounterMode, ``on_first`` after lnexp's), then ``updates`` timed rounds of one update each,
+    the order reversed every other round. All runs have the same seed and data, so they meet the
+    same batch shapes: run one after another, the first would pay every new shape's first-use cost
+    (kernel loading, plans) and the second none, which is how stock fairseq's half precision came
+    out at a quarter of its fp32 on the H200 (docs/performance.md); round for round they share it.
+    Each result keeps its per-round seconds (``times``), for ratios paired by round."""
+    meters = {k: Meter(r) for k, r in runs.items()}
+    for i in range(max(warmup, 1)):
+        for k, m in meters.items():
+            m.warm(count_flops=i == 0 and k in counted,
+                   on_first=on_first if i == 0 and k == "lnexp" else None)
+    order = list(meters.values())
+    for i in range(updates):
+        for m in order if i % 2 == 0 else order[::-1]:
+            m.timed()
+    out = {}
+    for k, m in meters.items():
+        out[k] = m.result()
+        out[k]["params"] = m.run.params()
+    return out
+
+
+def fastest_correct(results: dict[str, dict]) -> tuple[str, dict]:
+    """Stock fairseq's fastest setting whose updates stayed finite (Meter.correct); if none
+    did, the fastest, named so."""
+    correct = {k: v for k, v in results.items() if v["correct"]}
+    pool = correct or results
+    label = max(pool, key=lambda k: pool[k]["tok_s"])
+    return (label if correct else f"{label} (none correct)"), pool[label]
+
+
+def paired_ratio(base: dict, other: dict) -> float:
+    """``other``'s speed over ``base``'s, paired by round (both met the same batch in each round of
+    ``interleaved``): the median over rounds of base's seconds / other's."""
+    pairs = [tb / to for tb, to in zip(base["times"], other["times"], strict=True) if to > 0]
+    return median(pairs)
 
 
 def compose_checked(overrides: list[str]):

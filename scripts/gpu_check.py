@@ -56,38 +56,6 @@ def first_update_norms(store: dict):
     return record
 
 
-def interleaved(runs: dict, warmup: int, updates: int, on_first) -> dict[str, dict]:
-    """Every run's ``warmup`` untimed updates (lnexp's first under FlopCounterMode, ``on_first``
-    after it), then ``updates`` timed rounds of one update each, the order reversed every other
-    round. All runs have the same seed and data, so they meet the same batch shapes: run one
-    after another, the first would pay every new shape's first-use cost (kernel loading, plans)
-    and the second none, which is how stock fairseq's half precision came out at a quarter of its
-    fp32 on the H200 (docs/performance.md); round for round they share it."""
-    meters = {k: B.Meter(r) for k, r in runs.items()}
-    for i in range(max(warmup, 1)):
-        for k, m in meters.items():
-            m.warm(count_flops=i == 0 and k == "lnexp", on_first=on_first if i == 0 and k == "lnexp"
-                   else None)
-    order = list(meters.values())
-    for i in range(updates):
-        for m in order if i % 2 == 0 else order[::-1]:
-            m.timed()
-    out = {}
-    for k, m in meters.items():
-        out[k] = m.result()
-        out[k]["params"] = m.run.params()
-    return out
-
-
-def fastest_correct(results: dict[str, dict]) -> tuple[str, dict]:
-    """Stock fairseq's fastest setting whose updates stayed finite (B.Meter.correct); if none
-    did, the fastest, named so."""
-    correct = {k: v for k, v in results.items() if v["correct"]}
-    pool = correct or results
-    label = max(pool, key=lambda k: pool[k]["tok_s"])
-    return (label if correct else f"{label} (none correct)"), pool[label]
-
-
 def max_rel_diff(a: dict, ref: dict) -> float:
     diffs = [abs(a[k] - v) / v for k, v in ref.items() if k in a and v > 0]
     return max(diffs) if diffs else NAN
@@ -156,14 +124,14 @@ def main() -> None:
         runs = {"lnexp": B.Timed([*over, f"precision={precision}"])}
         for label, extra in B.STOCK_SETTINGS[precision].items():
             runs[label] = B.Timed([*over, f"precision={precision}"], stock=extra)
-        res = interleaved(runs, args.warmup, args.updates, first_update_norms(norms))
+        res = B.interleaved(runs, args.warmup, args.updates, first_update_norms(norms))
         del runs
         if cuda:
             torch.cuda.empty_cache()
         if precision == "fp32":
             ref_norms = dict(norms)
         mine = res.pop("lnexp")
-        label, stock = fastest_correct(res)
+        label, stock = B.fastest_correct(res)
         single[precision] = mine["tok_s"]
         peak = peaks[precision] = B.matmul_peak(n, DTYPES[precision], device)
         rows.append([precision, 1, f"{mine['params'] / 1e6:.1f}M params", mine["tok_s"],

@@ -5,8 +5,10 @@ without it and says why in one log line (docs/performance.md "The GPU step"):
 
 - ``syncs``: ``fewer`` (default) logs fairseq's meters without reading them back to the host and
   reads lnexp's statistics in one transfer (``fairseq_adapter.train_step``); bit-equal numbers.
-- ``adam``: ``fairseq`` (default), or torch's ``foreach``/``fused`` AdamW kernels with fairseq's
-  arithmetic (lnexp.optim.TorchKernelAdam), equal up to rounding.
+- ``adam``: ``fairseq``, or torch's ``foreach``/``fused`` AdamW kernels with fairseq's arithmetic
+  (lnexp.optim.TorchKernelAdam), equal up to rounding; ``auto`` (default): ``fused`` on a GPU, where
+  it measured 1.3x the tokens/s of fairseq's Adam at the IWSLT size (one H200, 2026-12-04,
+  docs/performance.md), ``fairseq`` on CPU (no gain there; bit-equal to stock fairseq).
 - ``half``: ``cast`` (default: fairseq's ``--bf16``/``--fp16``, the whole model cast) or
   ``autocast`` (fp32 weights, ``torch.autocast`` around forward and loss) for half precision on a
   GPU (lnexp.train.precision).
@@ -33,7 +35,7 @@ class Speed:
     """The speed group of a run's config, read once."""
 
     syncs: str = "fewer"
-    adam: str = "fairseq"
+    adam: str = "auto"
     half: str = "cast"
     compile_mode: str = "default"
     buckets: tuple[int, ...] = ()
@@ -66,18 +68,29 @@ def threads(cfg: Any) -> int:
 Step = Callable[[Any, list], "dict[str, Any] | None"]
 
 
+def adam_kernels(asked: str, device: str) -> str:
+    """The Adam kernels a run uses: ``auto`` is fused on a GPU, fairseq's own on CPU."""
+    if asked != "auto":
+        return asked
+    return "fused" if device == "cuda" else "fairseq"
+
+
 def make_step(trainer, model, speed: Speed, device: str, compile_layers: bool,
               max_tokens: int) -> Step:
     """The run's update function ``step(trainer, samples)``: fairseq's update
     (``fairseq_adapter.train_step``) with the speed settings applied; the Adam kernels are swapped
     here, so call it once the checkpoint is loaded."""
-    if speed.adam != "fairseq":
-        why = fa.use_torch_adam(trainer, speed.adam)
+    adam = adam_kernels(speed.adam, device)
+    if adam != "fairseq":
+        why = fa.use_torch_adam(trainer, adam)
+        asked = speed.adam if speed.adam == adam else f"{speed.adam} ({adam} on {device})"
         if why is None:
             log.info("speed.adam=%s: Adam steps with torch's %s kernels (fairseq's arithmetic)",
-                     speed.adam, speed.adam)
+                     asked, adam)
+        elif speed.adam == "auto":  # not asked for: the optimizer's own steps, said quietly
+            log.info("speed.adam=%s not applied (%s): the optimizer's own steps", asked, why)
         else:
-            log.warning("speed.adam=%s not applied (%s): fairseq's Adam steps", speed.adam, why)
+            log.warning("speed.adam=%s not applied (%s): fairseq's Adam steps", asked, why)
     step: Step = functools.partial(fa.train_step, fewer_syncs=speed.syncs == "fewer")
     if compile_layers:  # falls back to the eager layers, saying why, if compiling fails
         from lnexp.train.compiling import CompiledLayers
