@@ -218,6 +218,9 @@ def _log_start(setup: RunSetup, n: int, epoch_itr, before: dict[str, Any]) -> No
         log.info("%s: starting", run_dir)
     elif run_status.normalise(before).get("status") in run_status.FINAL:
         pass  # an extension: lnexp.train.loop.extends said so in the run's first line
+    elif setup.max_update and n >= setup.max_update:  # its status was lost (a kill, a damage)
+        log.info("%s: its last checkpoint is at update %d, max_update=%d: nothing to train, its "
+                 "status is written again from that checkpoint", run_dir, n, setup.max_update)
     else:
         into = epoch_itr.iterations_in_epoch  # (the epoch's iterator is made later)
         where = (f"epoch {epoch_itr.epoch}, {into} batches into it" if into
