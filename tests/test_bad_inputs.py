@@ -307,6 +307,27 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
     assert [_files(d) for d in kept] == before  # no run folder, no rewritten status.json
 
 
+@pytest.mark.parametrize("line", ["train", "evaluate {trained}", "prepare multi30k --dir {small}",
+                                  "prepare multi30k --dir {small} --cache {bad}/notes.txt/sub"])
+def test_a_cache_that_is_a_file_is_one_line_naming_the_setting(line, inputs, request):
+    """LNEXP_CACHE (or --cache) naming a file, or a folder under one (issue 49: "[Errno 17] File
+    exists" and a traceback in error.log): one line naming the setting, exit 2, nothing written."""
+    from tests.conftest import lnexp_main
+
+    fill = {k: str(v) for k, v in inputs.items()}
+    fill["trained"] = str(request.getfixturevalue("tiny_run"))
+    argv = [a.format(**fill) for a in shlex.split(line)]
+    if argv[0] == "train":
+        argv.append(f"runs_root={inputs['root']}")
+    before = [_files(inputs["tmp"]), _files(Path(fill["trained"]))]
+    proc = lnexp_main(*argv, cache=inputs["bad"] / "notes.txt", check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    setting = "--cache" if "--cache" in line else "LNEXP_CACHE"
+    assert f"{setting}" in lines[0] and f"{inputs['bad']}/notes.txt is a file, not a folder" in lines[0]
+    assert [_files(inputs["tmp"]), _files(Path(fill["trained"]))] == before
+
+
 def test_the_table_covers_every_command():
     commands = {shlex.split(c[0])[0] for c in CASES}
     assert {"train", "results", "evaluate", "compare", "translate", "plot", "figure",
