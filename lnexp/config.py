@@ -20,9 +20,6 @@ from lnexp.names import CONFIG_DIR, NORMS, PLACEMENTS, PRECISIONS, SCHEDULES, op
 from lnexp.scheme import NUMBER_OR_FORMULA, Norm, Placement
 
 GROUPS = tuple(sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()))
-# Keys that say how long to train or how to report: they do not name the run, so raising max_epoch
-# continues a finished run in its own folder (configs/train.yaml repeats them for Hydra).
-LENGTH_KEYS = ("max_epoch", "max_update")
 # The most layers a stack may have: DeepNet (Wang et al. 2022), the deepest of the study's schemes,
 # trained 1,000 layers in all; far more would fill the memory before the first update.
 MAX_LAYERS = 1000

@@ -378,7 +378,10 @@ def test_two_run_legend_holds_only_the_keys_that_differ(tmp_path, capsys):
 
     from lnexp import run_names
 
-    runs = {"default": ["max_epoch=2"], "placement=pre_ln": ["placement=pre_ln", "warmup=0"]}
+    # (the second trained briefly, as a new user tries a run first: keys that do not name a run
+    # are not in the legend, issue 49)
+    runs = {"default": ["max_epoch=2"],
+            "placement=pre_ln": ["placement=pre_ln", "warmup=0", "max_update=50", "eval.subset=20"]}
     with run_names.composing() as compose_raw:
         for name, overrides in runs.items():
             raw = run_names.task_config(compose_raw(overrides))

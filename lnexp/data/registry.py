@@ -19,6 +19,7 @@ from typing import Any
 from lnexp.data.cache import cache_root, writing
 from lnexp.data.corpus import PREPARED, Corpus, PreparedData, adopt, folders, in_folder, legacy_data
 from lnexp.errors import ConfigError, DataError
+from lnexp.plural import count
 
 log = logging.getLogger("lnexp.data")
 
@@ -107,8 +108,8 @@ def check_available(dataset) -> None:
 
 
 def _describe(data: PreparedData) -> str:
-    return (f"{data.subword} {data.vocab_size} (train {data.counts.get('train', 0):,} pairs, "
-            f"{data.folder.name})")
+    pairs = count(data.counts.get("train", 0), "pair", spec=",")
+    return f"{data.subword} {data.vocab_size} (train {pairs}, {data.folder.name})"
 
 
 def _find_prepared(dataset) -> PreparedData:

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from lnexp.errors import UserError, at_least
+from lnexp.plural import count
 
 TESTS = {"bs": "paired bootstrap", "ar": "approximate randomisation"}
 ALPHA = 0.05  # the significance level the verdict line uses
@@ -113,7 +114,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                         f"({a['refs']}, {b['refs']}): compare runs of one corpus and split")
     hyps_a, hyps_b = read_lines(a["hyps"]), read_lines(b["hyps"])
     if not len(hyps_a) == len(hyps_b) == len(refs):
-        raise UserError(f"{len(hyps_a)} and {len(hyps_b)} hypotheses for {len(refs)} references: "
+        raise UserError(f"{len(hyps_a)} and {len(hyps_b)} hypotheses for {count(len(refs), 'reference')}: "
                         "evaluate both runs again (lnexp evaluate RUN)")
     n = {"bs": args.bs_n, "ar": args.ar_n}
     result = paired_tests(hyps_a, hyps_b, refs, (a["hyps"], b["hyps"]), n)
@@ -131,7 +132,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(r: dict[str, Any]) -> str:
     a, b = r["a"], r["b"]
-    lines = [f"{r['set']} ({r['n']} sentences); baseline A = {a['run']} ({a['checkpoint']}, beam "
+    lines = [f"{r['set']} ({count(r['n'], 'sentence')}); baseline A = {a['run']} ({a['checkpoint']}, beam "
              f"{a['beam']}), B = {b['run']} ({b['checkpoint']}, beam {b['beam']})",
              f"  {'metric':<6} {'A':>6} {'B':>6} {'B-A':>6}  {'A mean ± 95% CI':>16}  "
              f"{'B mean ± 95% CI':>16}  {'p (bootstrap)':>13}  {'p (approx. rand.)':>17}"]

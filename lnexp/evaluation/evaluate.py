@@ -26,6 +26,7 @@ from typing import Any
 
 from lnexp.errors import ArgumentParser, UserError, at_least, finite
 from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
+from lnexp.plural import count
 from lnexp.results import RECORD, record_dir
 from lnexp.runtime.progress import DecodeProgress
 
@@ -137,7 +138,7 @@ def with_progress(batches: Iterable[dict[str, Any]], progress: DecodeProgress
 
 
 def report(r: dict[str, Any]) -> str:
-    lines = [f"{r['run']}: {r['set']} ({r['n']} sentences), checkpoint {r['checkpoint']}, "
+    lines = [f"{r['run']}: {r['set']} ({count(r['n'], 'sentence')}), checkpoint {r['checkpoint']}, "
              f"beam {r['beam']}, lenpen {r['lenpen']:g}",
              f"  BLEU     {r['bleu']:.2f}  {r['signature']}"]
     if r["bleu_tok"] is not None:

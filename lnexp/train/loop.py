@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from lnexp import fairseq_adapter as fa
 from lnexp import run_status, rundir
+from lnexp.plural import count
 from lnexp.rundir import read_json, run_paths
 from lnexp.runtime import runlock
 from lnexp.runtime.sharing import Sharing
@@ -58,7 +59,7 @@ def extends(run_dir: Path, max_epoch: int, max_update: int) -> str | None:
     if status.get("status") not in run_status.FINAL:
         return None
     was = run_status.note(status) if status["status"] != "done" else \
-        f"done at {status.get('updates')} updates, {status.get('epoch')} epochs"
+        f"done at {count(status.get('updates') or 0, 'update')}, {count(status.get('epoch') or 0, 'epoch')}"
     length = f"max_epoch={max_epoch}" + (f", max_update={max_update}" if max_update else "")
     return (f"{run_dir}: extends the earlier run from update {status.get('updates')} (it was {was}) "
             f"to {length}; {rundir.METRICS} is appended to")
