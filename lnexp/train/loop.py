@@ -26,7 +26,7 @@ from lnexp.plural import count
 from lnexp.rundir import read_json, run_paths
 from lnexp.runtime import runlock
 from lnexp.runtime.sharing import Sharing
-from lnexp.train import speed
+from lnexp.train import room, speed
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import OtherRank, Rank0
 from lnexp.train.session import Session
@@ -121,6 +121,8 @@ class Training:
         self.state = RunState.from_checkpoint(extra)
         if profiled is not None:
             self.state.profiled_init = profiled
+        if setup.master:  # (rank 0 writes the checkpoints)
+            room.check(setup, sum(p.numel() for p in model.parameters()))
         self.rank0 = Rank0(setup) if setup.master else OtherRank(setup)
         cache = Path(setup.data.bin_dir) / f"unigram_entropy.{setup.data.tgt}.json"
         self.rule = PlateauRule.of_targets(self.task.dataset("train").tgt, cache,
