@@ -289,3 +289,25 @@ def test_a_read_only_cache_that_holds_the_data_is_used_and_one_without_it_named(
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"cannot write {cache / 'empty'}/" in lines[0] and "LNEXP_CACHE" in lines[0]
     assert "runs_root" not in lines[0] and "checkpoint" not in lines[0]
+
+
+def test_compare_refuses_runs_on_different_data_before_decoding_either(trained, tmp_path):
+    """Two runs whose test references differ (another corpus of the same sizes and vocabulary):
+    one line, and nothing decoded (issue 49: both test sets were decoded, then refused)."""
+    tmp, run, cache, _, _, _ = trained
+    copy, own = moved(run, tmp_path)
+    out = lnexp_main("prepare", "multi30k", "--dir", str(tmp / "foreign"), "--vocab-size", "600",
+                     cache=own).stdout
+    theirs = Path(out.split("binarised data: ")[1].splitlines()[0]).parent
+    info = json.loads((copy / "run.json").read_text())
+    info["data"] = {**json.loads((theirs / "prepared.json").read_text()),
+                    "counts": info["data"]["counts"]}
+    info["config"]["dataset"]["dir"] = str(tmp / "foreign")
+    (copy / "run.json").write_text(json.dumps(info))
+    before = sorted(p.name for p in (run / "eval").iterdir())
+    proc = lnexp_main("compare", str(run), str(copy), "--beam", "1", cache=own, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "were trained on different data" in lines[0] and "test references differ" in lines[0]
+    assert "decoding" not in proc.stderr and not (copy / "eval").exists()
+    assert sorted(p.name for p in (run / "eval").iterdir()) == before

@@ -304,6 +304,30 @@ def test_compare_equals_sacrebleus_paired_tests(tiny_run, capsys):
     assert r["a"]["bleu"] == pytest.approx(r["metrics"]["BLEU"]["a"], abs=1e-9)
 
 
+def test_compare_reuses_what_evaluate_scored_and_prints_no_sacrebleu_chatter(tiny_run, tmp_path,
+                                                                            capsys):
+    """`lnexp compare` right after `lnexp evaluate` of both sides with the same settings decodes
+    nothing again (issue 49: it decoded a run evaluate had just scored) and prints no sacreBLEU
+    INFO lines (it printed 12); a checkpoint written since is decoded anew."""
+    import shutil
+
+    run = tmp_path / tiny_run.name
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval"))
+    records = [evaluate(capsys, run, "--checkpoint", c, "--split", "valid", "--beam", "1")
+               for c in ("best", "last")]
+    written = [Path(r["hyps"]).stat().st_mtime_ns for r in records]
+    compare = ["compare", f"{run}@best", f"{run}@last", "--split", "valid", "--beam", "1",
+               "--bs-n", "20", "--ar-n", "20"]
+    proc = lnexp_cmd(*compare, cache=tiny_run.parents[1] / "cache")  # a process: what a user reads
+    assert proc.stderr.count("its hypotheses are used, not decoded again") == 2, proc.stderr
+    assert "decoding valid" not in proc.stderr and "INFO" not in proc.stdout + proc.stderr
+    assert [Path(r["hyps"]).stat().st_mtime_ns for r in records] == written
+    last = run / "checkpoints" / "checkpoint_last.pt"
+    os.utime(last, ns=(last.stat().st_atime_ns, last.stat().st_mtime_ns + 10**9))  # saved again
+    rc, _, err = lnexp(capsys, *compare)
+    assert rc == 0 and err.count("not decoded again") == 1 and "decoding valid" in err, err
+
+
 @pytest.mark.parametrize("args, needle", [
     (["{run}", "{tmp}/nowhere"], "is not a run folder"),
     (["{run}@avg9", "{run}"], "needs 9 epoch checkpoints"),

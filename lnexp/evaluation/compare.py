@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -58,13 +59,31 @@ def checked(spec: str, default: str) -> tuple[Any, str]:
 
 
 def decode(run: Any, ckpt: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One side: ``lnexp evaluate``'s record (hypotheses, references, BLEU) for RUN@CKPT."""
-    from lnexp.evaluation.evaluate import evaluate
+    """One side: ``lnexp evaluate``'s record (hypotheses, references, BLEU) for RUN@CKPT; the one
+    an earlier ``lnexp evaluate`` wrote where decoding again would give the same (same data,
+    checkpoint files and decoding settings: ``evaluate.scored``)."""
+    from lnexp.evaluation.evaluate import evaluate, scored
 
     ns = SimpleNamespace(checkpoint=ckpt, beam=args.beam, lenpen=args.lenpen,
                          batch_size=args.batch_size, device=args.device, split=args.split,
                          src=None, ref=None, name=None)
-    return evaluate(run, ns)
+    record = scored(run, ns)
+    if record is None:
+        return evaluate(run, ns)
+    print(f"{run.dir.name}: {args.split} decoded by lnexp evaluate at {record['time']} with the same "
+          "data, checkpoint and settings: its hypotheses are used, not decoded again",
+          file=sys.stderr, flush=True)
+    return record
+
+
+def same_references(sides: list[tuple[Any, str]], split: str) -> None:
+    """Runs trained on different data are refused before either is decoded: their references of
+    ``split`` must be the same sentences (two vocabularies of one corpus are comparable)."""
+    (a, _), (b, _) = sides
+    if a.data.references(split) != b.data.references(split):
+        raise UserError(f"{a.dir} and {b.dir} were trained on different data ({a.data.name} "
+                        f"{a.data.key} and {b.data.name} {b.data.key}: their {split} references "
+                        "differ): compare runs of one corpus and split")
 
 
 def read_lines(path: str) -> list[str]:
@@ -105,6 +124,7 @@ def sacrebleu_command(refs: str, hyps_a: str, hyps_b: str, test: str, n: int) ->
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     sides = [checked(spec, args.checkpoint) for spec in (args.run_a, args.run_b)]
+    same_references(sides, args.split)
     a = decode(*sides[0], args)
     same = sides[0][1] == sides[1][1] and sides[0][0].dir.resolve() == sides[1][0].dir.resolve()
     b = a if same else decode(*sides[1], args)  # a run against itself: decoded once
