@@ -18,6 +18,7 @@ from typing import Any
 
 from lnexp.data.cache import cache_root, writing
 from lnexp.data.corpus import PREPARED, Corpus, PreparedData, adopt, folders, in_folder, legacy_data
+from lnexp.data.subword import VocabularySize
 from lnexp.errors import ConfigError, DataError
 from lnexp.plural import count
 
@@ -252,7 +253,10 @@ def load_for_training(dataset) -> PreparedData:
     corpus = get(dataset.corpus)
     if corpus.prepare_dataset is not None:
         with writing(), file_lock(root / ".prepare.lock"):
-            return corpus.prepare_dataset(dataset, root)
+            try:
+                return corpus.prepare_dataset(dataset, root)
+            except VocabularySize as e:  # training's setting, not lnexp prepare's --vocab-size
+                raise DataError(e.say("train with dataset.vocab_size=")) from None
     return _find_prepared(dataset)
 
 
