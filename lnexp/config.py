@@ -392,7 +392,7 @@ BOUNDS: dict[str, Bound] = {
     "max_update": Bound(0, MAX_UPDATES, note="0 = no limit"),
     "log_interval": Bound(1, unit="updates"),
     "residual_scale": Bound(0, above=True, note="1.0 = plain residual", whole=False),
-    "threads": Bound(0, note="0 = torch's default"),
+    "threads": Bound(0, note="0 = a fair share of the cores"),  # as configs/train.yaml says
     "save_interval_updates": Bound(0, unit="updates", note="0 = at the end of each epoch only"),
     "track_every": Bound(1, unit="updates"),
     "eval.beam": Bound(1),

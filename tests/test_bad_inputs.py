@@ -63,7 +63,8 @@ CASES = [
     ("train eval.beam=0", "eval.beam=0 must be a whole number >= 1"),
     # --- lnexp train: top-level keys ---------------------------------------------------------
     ("train seed=-1", "seed=-1 must be a whole number >= 0"),
-    ("train threads=-1", "threads=-1 must be a whole number >= 0"),  # and the run `default` keeps its status
+    # (and the run `default` keeps its status; 0 means what configs/train.yaml says)
+    ("train threads=-1", "threads=-1 must be a whole number >= 0 (0 = a fair share of the cores)"),
     ("train save_interval_updates=-5", "save_interval_updates=-5 must be a whole number of updates >= 0"),
     ("train residual_scale=inf", "residual_scale=inf must be a positive number"),
     ("train lr=nan", "lr=nan must be a positive number"),
