@@ -74,7 +74,8 @@ class BleuScorer:
 
         if len(hyps_tok) != len(self.refs):
             raise MissingHypotheses(f"{count(len(hyps_tok), 'hypothesis', 'hypotheses')} for "
-                                    f"{len(self.refs)} {self.split} references: no BLEU is reported")
+                                    f"{count(len(self.refs), f'{self.split} reference')}: no BLEU is "
+                                    "reported")
         hyps = [self.detok(h) for h in hyps_tok]
         bleu = sacrebleu.metrics.BLEU()
         result = bleu.corpus_score(hyps, [self.refs])

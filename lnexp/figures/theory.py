@@ -545,8 +545,9 @@ def plot(args, summary, checks: list[Check], meta) -> list[Path]:
     if zoo:
         _zoo_panels(fig, axes[2], summary, zoo)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    note = (f"(a, b) simplified: {sim['setting']}; {sim['seeds']} inits x {sim['tokens']} tokens; "
-            f"real model: {real['arch']} (d={real['d']}), {real['init']} init, {real['seeds']} seeds, "
+    note = (f"(a, b) simplified: {sim['setting']}; {count(sim['seeds'], 'init')} x {sim['tokens']} "
+            f"tokens; real model: {real['arch']} (d={real['d']}), {real['init']} init, "
+            f"{count(real['seeds'], 'seed')}, "
             f"{real['dataset']} {real['batch']}.\n(d, e) after training: {kan['after_training']}; "
             f"statistics on {kan['batch']}, eval mode. scale={meta['scale']}")
     return style.save(fig, args.out, args.name, note)
