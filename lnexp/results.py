@@ -325,6 +325,15 @@ GROUP_VALUES = ("best_valid_loss", "best_bleu", "test_bleu")  # the scores a gro
 STAT_FIELDS = ("mean", "std", "n", "ci_low", "ci_high")
 
 
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix[:-1]: json.dumps(node, sort_keys=True, default=str)}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        out.update(_leaves(v, f"{prefix}{k}."))
+    return out
+
+
 # config keys that never tell two runs apart (paths, machine settings, logging), besides those that
 # do not name a run (configs/train.yaml's exclude_keys: how long to train, how to report)
 NOISE = ("runs_root", "threads", "device", "dataset.dir", "eval.max_sentences", "track_norms",
