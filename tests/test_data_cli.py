@@ -227,7 +227,7 @@ def test_wmt14_and_multi30k_bad_inputs_one_line_exit_2(tmp_path, capsys):
     _one_line_error(capsys, cache, "wmt14", "--dir", str(tmp_path / "nowhere"), match="nowhere")
     root = make_wmt(tmp_path / "wmt14")
     (root / "training" / "europarl-v7.de-en.en").write_text("only one line\n")
-    _one_line_error(capsys, cache, "wmt14", "--dir", str(root), match="europarl-v7.de-en.en has 1 lines")
+    _one_line_error(capsys, cache, "wmt14", "--dir", str(root), match="europarl-v7.de-en.en has 1 line but")
     m30k = tmp_path / "m30k"
     m30k.mkdir()
     for stem in ("train", "val", "test_2016_flickr"):
