@@ -423,3 +423,20 @@ def test_two_run_legend_holds_only_the_keys_that_differ(tmp_path, capsys):
     assert labels == {"placement=post_ln, warmup=100", "placement=pre_ln, warmup=0"}
     width = imread(out.with_suffix(".png")).shape[1]
     assert width <= 2 * 4.2 * 150  # two panels of 4.2 in at 150 dpi: the legend adds no width
+
+
+def test_a_zero_difference_is_never_significant():
+    """Two different systems that both score BLEU 0.00: every resample scores them alike, none
+    beats the observed difference strictly, and sacreBLEU's p-value is its smallest, 1/(n+1);
+    lnexp compare reports p = 1 for that metric (chrF, which does differ, keeps its p-values)."""
+    from lnexp.evaluation.compare import no_difference, paired_tests
+
+    refs = ["a dog runs on the grass", "two men play football", "a woman reads a book"] * 4
+    hyps_a = ["cat", "three", "bird"] * 4  # no 4-gram match: BLEU 0
+    hyps_b = ["dog", "men", "woman"] * 4  # other words, still BLEU 0
+    result = paired_tests(hyps_a, hyps_b, refs, ("a", "b"), {"bs": 50, "ar": 50})
+    bleu, chrf = result["metrics"]["BLEU"], result["metrics"]["chrF2"]
+    assert bleu["a"] == bleu["b"] == 0.0 and bleu["p_ar"] < 0.05  # sacreBLEU's own verdict
+    no_difference(result, identical=False)
+    assert bleu["p_bs"] == bleu["p_ar"] == 1.0
+    assert chrf["diff"] != 0 and chrf["p_ar"] < 1.0

@@ -9,7 +9,8 @@ chrF: paired bootstrap resampling (Koehn 2004; sacreBLEU's 1,000 resamples and 9
 approximate randomisation (Riezler and Maxwell 2005; 10,000 trials). The printed ``sacrebleu``
 command gives the same numbers from the written files. ``RUN@last`` picks a checkpoint per run.
 
-Identical hypotheses (a run against itself, a copied file) are no difference, p = 1: sacreBLEU's
+Identical hypotheses (a run against itself, a copied file), and a metric on which two systems score
+exactly alike (BLEU 0.00 both), are no difference, p = 1: sacreBLEU's
 p-value counts only resamples that beat the observed difference strictly (multeval's convention),
 so for two identical systems it gives its smallest value, 1/(n+1), which would read as
 significant; and its command line refuses one file given twice. Neither is printed then.
@@ -116,6 +117,16 @@ def paired_tests(hyps_a: list[str], hyps_b: list[str], refs: list[str], names: t
     return out
 
 
+def no_difference(result: dict[str, Any], identical: bool) -> None:
+    """p = 1 where nothing can be told apart: identical systems, or a metric whose observed
+    difference is exactly 0 (two different systems that both score BLEU 0.00: every resample
+    scores them alike too, none beats the observed difference strictly, and sacreBLEU's p-value
+    would be its smallest, 1/(n+1), read as significant; see the module's note)."""
+    for row in result["metrics"].values():
+        if identical or row["diff"] == 0.0:
+            row.update(p_bs=1.0, p_ar=1.0)
+
+
 def sacrebleu_command(refs: str, hyps_a: str, hyps_b: str, test: str, n: int) -> str:
     flag = {"bs": ["--paired-bs", "--paired-bs-n"], "ar": ["--paired-ar", "--paired-ar-n"]}[test]
     return shlex.join(["sacrebleu", refs, "-i", hyps_a, hyps_b, "-m", "bleu", "chrf",
@@ -139,9 +150,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     n = {"bs": args.bs_n, "ar": args.ar_n}
     result = paired_tests(hyps_a, hyps_b, refs, (a["hyps"], b["hyps"]), n)
     identical = hyps_a == hyps_b
-    if identical:  # no resample can tell two identical systems apart (see the module's note)
-        for row in result["metrics"].values():
-            row.update(p_bs=1.0, p_ar=1.0)
+    no_difference(result, identical)
     side = ("run", "checkpoint", "beam", "lenpen", "hyps", "bleu", "chrf", "signature")
     commands = {} if identical else {
         t: sacrebleu_command(a["refs"], a["hyps"], b["hyps"], t, n[t]) for t in TESTS}
