@@ -63,10 +63,10 @@ def training_args(data: str | Path, flags: dict[str, Any]) -> argparse.Namespace
     return args
 
 
-def fairseq_config(data: str | Path, flags: dict[str, Any]):
+def training_config(data: str | Path, flags: dict[str, Any]):
     """fairseq's config of fairseq-train settings, as fairseq-train makes it (its parser, then its
     namespace -> config conversion). lnexp's config reaches it through
-    ``lnexp.train.settings.fairseq_config``."""
+    ``lnexp.train.settings.fairseq_setup``."""
     return to_fairseq_config(training_args(data, flags))
 
 

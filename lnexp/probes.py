@@ -127,13 +127,13 @@ def compose_config(overrides: list[str]):
     return config.compose(overrides)
 
 
-def fairseq_config(cfg, arch: str | None = None, **flags):
-    """fairseq's config of a training config (on its dataset), with the architecture and fairseq
-    flags replaced (e.g. ``encoder_embed_dim=32``)."""
+def cpu_fairseq_config(cfg, arch: str | None = None, **flags):
+    """fairseq's config of a training config on CPU (on its dataset), with the architecture and
+    fairseq flags replaced (e.g. ``encoder_embed_dim=32``)."""
     from lnexp.train import settings
 
     replace = {"arch": arch, **flags} if arch else flags
-    return settings.fairseq_config(cfg, "cpu", 1, **replace).config
+    return settings.fairseq_setup(cfg, {**settings.resolve(cfg, "cpu").flags, **replace}).config
 
 
 def with_model(fcfg, **model):

@@ -100,10 +100,11 @@ class Timed:
     can be taken apart."""
 
     def __init__(self, overrides: list[str], stock: dict[str, Any] | bool | None = None,
-                 dist=None) -> None:
+                 dist=None, resolved=None) -> None:
         """``stock``: build stock fairseq's equivalent run instead (settings.stock_flags), with
         these fairseq flags added (True: none, e.g. a STOCK_SETTINGS entry).
-        ``dist``: this process is one rank of a data-parallel run (see ``data_parallel``)."""
+        ``dist``: this process is one rank of a data-parallel run (see ``data_parallel``), with
+        ``resolved``, the config its launch resolved (settings.resolve)."""
         import torch
 
         from lnexp.train import speed
@@ -116,7 +117,7 @@ class Timed:
         self.threads = speed.threads(cfg)
         self.use_threads()
         extra = None if stock in (None, False) else ({} if stock is True else dict(stock))
-        self.session = run = Session.build(cfg, dist=dist, stock=extra)
+        self.session = run = Session.build(cfg, dist=dist, resolved=resolved, stock=extra)
         self.task, self.model, self.trainer = run.task, run.model, run.trainer
         self.epoch_itr, self.fcfg, self.device = run.epoch_itr, run.fcfg, run.device
         self.precision, self.data = run.setup.precision, run.setup.data
@@ -340,12 +341,12 @@ def data_parallel(overrides: list[str], warmup: int, updates: int, out: Path) ->
     return json.loads(out.read_text())
 
 
-def _rank_run(cfg, run_dir: Path, dist, overrides: list[str], warmup: int, updates: int,
+def _rank_run(cfg, run_dir: Path, dist, resolved, overrides: list[str], warmup: int, updates: int,
               out: str) -> dict[str, Any]:
     """One rank of ``data_parallel`` (lnexp.train.distributed's body)."""
     import json
 
-    run = Timed(overrides, dist=dist)
+    run = Timed(overrides, dist=dist, resolved=resolved)
     res = run.run(warmup, updates, count_flops=0)
     if run.session.setup.master:
         res["params"] = run.params()

@@ -268,7 +268,7 @@ def _runs_for(model: str, placements: list[str], extra: list[str], total: int, w
         if with_stock and placement in PAIRS:
             cfg = B.compose(over)
             data = load_for_training(cfg.dataset)
-            stock = settings.stock_flags(settings.fairseq_flags(cfg, None, device))
+            stock = settings.stock_flags(settings.resolve(cfg, device).flags)
             assert stock is not None, f"{placement} has no stock fairseq equivalent"
             stock.update(max_update=total, log_format="json", log_interval=LOG_INTERVAL,
                          disable_validation=True, no_save=True, save_dir=str(work / "stock"))

@@ -49,8 +49,8 @@ def fig3_grads(args) -> None:
     torch.set_num_threads(args.threads)
     arch = "ln_transformer_mini" if args.quick else cfg.dataset.paper_arch
     layers = 2 if args.quick else 6
-    base = probes.fairseq_config(cfg, arch=arch, encoder_layers=layers, decoder_layers=layers,
-                                 **({} if args.quick else measured.model_dims(512)))
+    base = probes.cpu_fairseq_config(cfg, arch=arch, encoder_layers=layers, decoder_layers=layers,
+                                     **({} if args.quick else measured.model_dims(512)))
     task = fa.setup_task(base, ("train",))
     norms: dict[tuple[str, int, str], dict] = {}
     losses: dict[tuple[str, int, str], float] = {}

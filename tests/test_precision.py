@@ -28,10 +28,10 @@ def build(small_multi30k, tmp_path, monkeypatch, precision: str, overrides: tupl
 
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
     cfg = compose([f"dataset.dir={small_multi30k}", *TINY, *overrides])
-    fcfg = settings.fairseq_config(
-        cfg, "cpu", 1, save_dir=str(tmp_path / "ckpt"), no_progress_bar=True,
-        disable_validation=True, bf16=precision == "bf16", fp16=precision == "fp16",
-        fp16_no_flatten_grads=precision == "fp16", **extra).config
+    fcfg = settings.fairseq_setup(cfg, {
+        **settings.resolve(cfg, "cpu").flags, "save_dir": str(tmp_path / "ckpt"),
+        "no_progress_bar": True, "disable_validation": True, "bf16": precision == "bf16",
+        "fp16": precision == "fp16", "fp16_no_flatten_grads": precision == "fp16", **extra}).config
     task, model, _, trainer = fa.build_trainer(fcfg)
     _, epoch_itr = fa.epoch_iterator(fcfg, trainer, None)
     batches = list(fa.grouped(epoch_itr.next_epoch_itr(shuffle=False), fcfg))
@@ -132,9 +132,8 @@ def test_fp16_overflow_in_a_run_is_logged_and_the_run_goes_on(small_multi30k, tm
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
     fp32_flags, build_trainer = settings.fairseq_flags, fa.build_trainer
 
-    def fp16_flags(cfg, updates_per_epoch=None, device="cpu", resolved=None):  # lnexp refuses fp16 on CPU
-        return {**fp32_flags(cfg, updates_per_epoch, device, resolved), "fp16": True,
-                "fp16_no_flatten_grads": True}
+    def fp16_flags(*decided):  # lnexp refuses fp16 on CPU
+        return {**fp32_flags(*decided), "fp16": True, "fp16_no_flatten_grads": True}
 
     def with_inf_at_third_backward(fcfg):
         task, model, criterion, trainer = build_trainer(fcfg)
@@ -147,7 +146,6 @@ def test_fp16_overflow_in_a_run_is_logged_and_the_run_goes_on(small_multi30k, tm
         return task, model, criterion, trainer
 
     monkeypatch.setattr(settings, "fairseq_flags", fp16_flags)
-    monkeypatch.setattr(settings, "_LAUNCH", {})  # decided here with fp16_flags, forgotten after
     monkeypatch.setattr(fa, "build_trainer", with_inf_at_third_backward)
     cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, "max_epoch=1", "max_update=5",
                           "eval.subset=10", "divergence.plateau_epoch=99"])

@@ -4,6 +4,7 @@ the config resolved once; stock fairseq's settings of each precision (scripts/_b
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 import sys
@@ -14,6 +15,7 @@ from tests.conftest import REPO
 
 TINY = ["dataset.vocab_size=600", "depth.encoder_layers=2", "depth.decoder_layers=2",
         "scale.max_tokens=512", "schedule=inverse_sqrt", "placement=pre_ln", "threads=1"]
+ONE_UPDATE = ["max_update=1", "eval.subset=4", "divergence.plateau_epoch=99"]
 # what builds a fairseq Trainer: only the adapter (fairseq's class) and the session may
 BUILDS = re.compile(r"\b(build_trainer|Trainer|trainer_class)\(")
 ALLOWED = {"lnexp/fairseq_adapter.py", "lnexp/train/session.py"}
@@ -40,27 +42,45 @@ def tiny_cfg(small_multi30k, monkeypatch):
     return lambda *extra: config.compose([f"dataset.dir={small_multi30k}", *TINY, *extra])
 
 
-def test_the_config_is_resolved_once_per_session(tiny_cfg, monkeypatch, tmp_path):
-    """Session.build decides device, precision, placement and norm once and derives the fairseq
-    flags from them once (the stock command included)."""
+@pytest.fixture
+def counted(monkeypatch):
+    """The calls, in this test, of settings' decisions (``.calls``: resolve, fairseq_flags, the
+    precision's resolution, Placement.from_config) and what each call of resolve returned
+    (``.resolved``)."""
+    from types import SimpleNamespace
+
     from lnexp import scheme
     from lnexp.train import precision, settings
-    from lnexp.train.session import Session
 
-    calls = {"resolve": 0, "flags": 0, "precision": 0, "placement": 0}
-    monkeypatch.setattr(settings, "_LAUNCH", {})  # this launch's decisions: none yet
+    seen = SimpleNamespace(calls={"resolve": 0, "flags": 0, "precision": 0, "placement": 0},
+                           resolved=[])
 
-    def counted(name, f):
+    def count(name, f):
         def run(*args, **kwargs):
-            calls[name] += 1
-            return f(*args, **kwargs)
+            seen.calls[name] += 1
+            out = f(*args, **kwargs)
+            if name == "resolve":
+                seen.resolved.append(out)
+            return out
         return run
 
-    monkeypatch.setattr(settings, "resolve", counted("resolve", settings.resolve))
-    monkeypatch.setattr(settings, "fairseq_flags", counted("flags", settings.fairseq_flags))
-    monkeypatch.setattr(settings, "resolve_precision", counted("precision", precision.resolve))
+    monkeypatch.setattr(settings, "resolve", count("resolve", settings.resolve))
+    monkeypatch.setattr(settings, "fairseq_flags", count("flags", settings.fairseq_flags))
+    monkeypatch.setattr(settings, "resolve_precision", count("precision", precision.resolve))
     monkeypatch.setattr(scheme.Placement, "from_config",
-                        classmethod(counted("placement", scheme.Placement.from_config.__func__)))
+                        classmethod(count("placement", scheme.Placement.from_config.__func__)))
+    return seen
+
+
+def test_the_config_is_resolved_once_per_session(tiny_cfg, counted, small_multi30k, tmp_path):
+    """Session.build decides device, precision, placement and norm once and derives the fairseq
+    flags from them once (the stock command included); ``lnexp train`` decides them once for the
+    launch, in its check before Hydra, and its job trains with that decision."""
+    from lnexp import scheme
+    from lnexp.train.session import Session
+    from tests.conftest import lnexp_main
+
+    calls = counted.calls
     cfg = tiny_cfg()  # (composing checks the placement: config.validate)
     scheme.named_placement("pre_ln")  # pre_ln.yaml as written, read once per process
     calls.update(placement=0)
@@ -72,12 +92,51 @@ def test_the_config_is_resolved_once_per_session(tiny_cfg, monkeypatch, tmp_path
     assert run.setup.resolved.placement.name == "pre_ln" and run.setup.precision.name == "fp32"
     assert run.setup.fairseq.flags["placement_spec"] == run.setup.resolved.placement.to_json()
     # lnexp train's check before Hydra and the job's session: one decision for the launch
-    from lnexp.train.run import check_overrides
-
-    monkeypatch.setattr(settings, "_LAUNCH", {})
-    check_overrides([f"dataset.dir={cfg.dataset.dir}", *TINY])
-    Session.build(tiny_cfg(), tmp_path / "run2")
+    runs = tmp_path / "runs"
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, *ONE_UPDATE, f"runs_root={runs}",
+               cache=small_multi30k.parent / "cache")
     assert (calls["resolve"], calls["flags"], calls["precision"]) == (2, 2, 2)
+    (status,) = runs.glob("*/status.json")
+    assert json.loads(status.read_text())["updates"] == 1  # the job trained
+
+
+def test_each_job_of_a_sweep_trains_with_what_the_check_resolved(counted, small_multi30k,
+                                                                 tmp_path, monkeypatch):
+    """``lnexp train -m seed=1,2 lr=3e-4,6e-4``: the check before Hydra composes each value once
+    (2 configs of the 4), resolves them, and hands each decision to its job, which does not resolve
+    again; the 2 jobs the check did not compose resolve their own."""
+    from lnexp.train import loop
+    from tests.conftest import lnexp_main
+
+    given = {}  # (seed, lr) of each job -> the decision it was handed
+
+    def record(cfg, run_dir, on_start=None, resolved=None):  # train_run, recording only
+        given[(int(cfg.seed), float(cfg.lr))] = resolved
+        return {"status": "done"}
+
+    monkeypatch.setattr(loop, "train_run", record)
+    lnexp_main("train", "-m", f"dataset.dir={small_multi30k}", *TINY, "seed=1,2", "lr=3e-4,6e-4",
+               f"runs_root={tmp_path}", cache=small_multi30k.parent / "cache")
+    assert counted.calls["resolve"] == 2 and len(given) == 4
+    assert given[(1, 3e-4)] is counted.resolved[0] and given[(2, 6e-4)] is counted.resolved[1]
+    assert given[(1, 6e-4)] is None and given[(2, 3e-4)] is None
+    for (seed, lr), decided in given.items():  # each job got its own config's decision
+        assert decided is None or (decided.flags["seed"], decided.flags["lr"]) == (seed, lr)
+
+
+def test_the_checks_decisions_stay_in_the_process_that_made_them(small_multi30k, monkeypatch):
+    """A launcher that runs the jobs in other processes (joblib, submitit: maybe on another
+    machine) gets the check's decisions pickled: they arrive empty, and each job there resolves
+    its own config."""
+    import pickle
+
+    from lnexp.train.run import _job_key, check_overrides
+
+    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    overrides = [f"dataset.dir={small_multi30k}", *TINY]
+    _, launch = check_overrides(overrides)
+    assert launch.of_job(_job_key(overrides)).placement.name == "pre_ln"
+    assert pickle.loads(pickle.dumps(launch)).of_job(_job_key(overrides)) is None
 
 
 def test_benchmarks_time_the_updates_lnexp_train_makes(tiny_cfg, small_multi30k, tmp_path,

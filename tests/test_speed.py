@@ -63,7 +63,7 @@ def test_adam_auto_is_fused_on_a_gpu_and_fairseqs_on_cpu(updates, caplog):
     from lnexp import config
     from lnexp.train.speed import Speed, adam_kernels
 
-    assert Speed().adam == "auto" and config.compose([]).speed.adam == "auto"
+    assert Speed.of(config.compose([])).adam == "auto"
     assert adam_kernels("auto", "cuda") == "fused" and adam_kernels("auto", "cpu") == "fairseq"
     assert adam_kernels("foreach", "cuda") == "foreach" and adam_kernels("fused", "cpu") == "fused"
     with caplog.at_level(logging.INFO, logger="lnexp.train"):
@@ -191,8 +191,11 @@ def test_compile_without_a_cpp_compiler_falls_back_and_says_why(small_multi30k, 
     """inductor told to use a C++ compiler that is not there (its own setting, as on a machine
     without one; its cache off, so nothing compiled before is reused): the update trains eager,
     one warning names torch's error. reduce-overhead on a CPU falls back to mode=default first."""
+    from dataclasses import replace
+
     import torch._inductor.config as inductor
 
+    from lnexp.probes import compose_config
     from lnexp.train import speed
 
     monkeypatch.setattr(inductor.cpp, "cxx", ("/nonexistent/bin/g++",))
@@ -200,7 +203,8 @@ def test_compile_without_a_cpp_compiler_falls_back_and_says_why(small_multi30k, 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
     model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp32")
-    settings = speed.Speed(compile_mode="reduce-overhead", buckets=(16, 32, 64))
+    settings = replace(speed.Speed.of(compose_config([])), compile_mode="reduce-overhead",
+                       buckets=(16, 32, 64))
     with caplog.at_level(logging.INFO, logger="lnexp.train"):
         step = speed.make_step(trainer, model, settings, "cpu", True, 400)
         rows = [step(trainer, samples) for samples in batches[:2]]
@@ -235,7 +239,7 @@ def test_half_autocast_on_a_gpu_is_fairseqs_amp_for_fp16_and_lnexps_context_for_
                              ("bf16", "cast", dict(amp=False, fp16=False, bf16=True))]:
         cfg = compose_config([f"dataset.dir={small_multi30k}", f"precision={name}",
                               f"speed.half={half}"])
-        flags = settings.fairseq_flags(cfg, 1, "cuda")
+        flags = settings.resolve(cfg, "cuda").flags
         assert {k: flags[k] for k in want} == want, (name, half)
 
 

@@ -748,12 +748,12 @@ def test_kept_variants_are_the_earlier_networks():
 def test_stock_fairseq_equivalent_only_for_the_yaml_as_written():
     """settings.stock_flags: a Pre-LN run is stock fairseq's only with pre_ln.yaml unchanged."""
     from lnexp.config import compose
-    from lnexp.train.settings import fairseq_flags, stock_flags
+    from lnexp.train.settings import resolve, stock_flags
 
     base = ["placement=pre_ln", "schedule=inverse_sqrt", "warmup=100"]
-    assert stock_flags(fairseq_flags(compose(base), device="cpu")) is not None
+    assert stock_flags(resolve(compose(base), "cpu").flags) is not None
     for extra in ("placement.qk_norm=true", "norm=rmsnorm", "norm.eps=1e-6"):
-        assert stock_flags(fairseq_flags(compose([*base, extra]), device="cpu")) is None, extra
+        assert stock_flags(resolve(compose([*base, extra]), "cpu").flags) is None, extra
 
 
 @pytest.mark.parametrize("override,needle", [

@@ -121,8 +121,8 @@ def measure(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, A
     data = load_for_training(cfg.dataset)
     arch = cfg.dataset.paper_arch
     top = max(args.depths)
-    base = probes.fairseq_config(cfg, arch=arch, encoder_layers=top, decoder_layers=top,
-                                 **measured.model_dims(args.d_model))
+    base = probes.cpu_fairseq_config(cfg, arch=arch, encoder_layers=top, decoder_layers=top,
+                                     **measured.model_dims(args.d_model))
     task = fa.setup_task(base, (args.split,))
     seeds = list(range(1, args.seeds + 1))
     batches = {s: probes.sample_batch(task, args.split, max_tokens, s) for s in seeds}
@@ -225,7 +225,7 @@ def _after_warmup(args, cfg, data, batches, device, rows, timing) -> dict[str, A
     t = time.perf_counter()
     ckpt = run_paths(run_dir)["last"]
     arch = wcfg.scale.arch
-    fcfg = probes.fairseq_config(wcfg, arch=arch)
+    fcfg = probes.cpu_fairseq_config(wcfg, arch=arch)
     task = fa.setup_task(fcfg, ())
     criterion = fa.build_criterion(fcfg, task)
     trained = fa.build_model(fcfg, task, 1)

@@ -193,8 +193,8 @@ def real_init_rows(args, meta) -> list[dict[str, Any]]:
     from lnexp import probes
 
     cfg = probes.compose_config(["placement=post_ln", f"scale={args.scale}", *args.override])
-    base = probes.fairseq_config(cfg, arch=cfg.dataset.paper_arch,
-                                 **measured.model_dims(args.d_model))
+    base = probes.cpu_fairseq_config(cfg, arch=cfg.dataset.paper_arch,
+                                     **measured.model_dims(args.d_model))
     task = fa.setup_task(base, ("valid",))
     sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
     rows = []
@@ -281,7 +281,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
     from lnexp.rundir import read_json, run_paths
 
     cfg = probes.compose_config(["placement=pre_ln", f"scale={args.scale}", *args.override])
-    base = probes.fairseq_config(cfg, arch=cfg.scale.arch)
+    base = probes.cpu_fairseq_config(cfg, arch=cfg.scale.arch)
     task = fa.setup_task(base, ("valid",))
     sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
     runs: dict[tuple[str, float], Path] = {}
@@ -336,7 +336,7 @@ def zoo_rows(args, meta) -> list[dict[str, Any]]:
     if tuple(args.placements) == PAPER_PLACEMENTS:
         return []
     cfg = probes.compose_config(["placement=pre_ln", f"scale={args.scale}", *args.override])
-    base = probes.fairseq_config(cfg, arch=cfg.scale.arch)
+    base = probes.cpu_fairseq_config(cfg, arch=cfg.scale.arch)
     task = fa.setup_task(base, ("valid",))
     sample = probes.sample_batch(task, "valid", args.max_tokens, 0)
     rows = []

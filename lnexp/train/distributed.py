@@ -1,6 +1,7 @@
 """Data-parallel training through fairseq's distributed runtime (docs/multi-gpu.md).
 
-``launch(cfg, run_dir, body)`` calls ``body(cfg, run_dir, dist)`` once per data-parallel rank:
+``launch(cfg, run_dir, body, resolved)`` calls ``body(cfg, run_dir, dist, resolved)`` once per
+data-parallel rank, each with the config resolved once (``settings.resolve``; here, if not given):
 
 - ``distributed.world_size=1``: in this process, ``dist`` None;
 - N > 1 on one node: fairseq's ``call_main`` spawns one worker per rank (per GPU; on CPU, N
@@ -31,28 +32,30 @@ from lnexp.rundir import read_json, run_paths
 from lnexp.train import settings
 
 log = logging.getLogger("lnexp.train")
-Body = Callable[[DictConfig, Path, Any], dict[str, Any]]
+Body = Callable[[DictConfig, Path, Any, settings.Resolved | None], dict[str, Any]]
 
 
-def launch(cfg: DictConfig, run_dir: Path, body: Body) -> dict[str, Any]:
+def launch(cfg: DictConfig, run_dir: Path, body: Body,
+           resolved: settings.Resolved | None = None) -> dict[str, Any]:
 
     # as fairseq-train: the checkpoint folder exists before the first update (fairseq writes
     # crash.pt there when it gives up)
     run_paths(run_dir)["checkpoints"].mkdir(parents=True, exist_ok=True)
     if _one_process(cfg):  # nothing to set up: the body prepares the data and builds fairseq's config
-        return body(cfg, run_dir, None)
+        return body(cfg, run_dir, None, resolved)
     # the data is prepared here, once, before the workers (they find it prepared)
-    fcfg = settings.fairseq_config(cfg, settings.resolve_device(cfg), updates_per_epoch=1).config
+    resolved = resolved if resolved is not None else settings.resolve(cfg)
+    fcfg = settings.fairseq_setup(cfg, resolved.flags).config
     mode = fa.infer_init_method(fcfg)
     if mode is None:
-        return body(cfg, run_dir, None)
+        return body(cfg, run_dir, None, resolved)
     dt = fcfg.distributed_training
     log.info("data-parallel: world size %d, %s, %s (%s)", dt.distributed_world_size,
              dt.distributed_backend, dt.distributed_init_method,
              "one rank of torchrun/SLURM" if mode == "member" else "workers spawned here")
     result: dict[str, Any] = {}
     fa.call_main(fcfg, _rank_main, lnexp_cfg=cfg, run_dir=str(run_dir), body=body,
-                 watch_parent=os.getpid() if mode == "spawn" else None,
+                 resolved=resolved, watch_parent=os.getpid() if mode == "spawn" else None,
                  result=result if mode == "member" else None)
     if result:
         return result
@@ -66,13 +69,14 @@ def _one_process(cfg: DictConfig) -> bool:
             and not all(k in os.environ for k in fa.TORCHRUN_ENV))
 
 
-def _rank_main(fcfg, lnexp_cfg: DictConfig, run_dir: str, body: Body, watch_parent: int | None,
+def _rank_main(fcfg, lnexp_cfg: DictConfig, run_dir: str, body: Body,
+               resolved: settings.Resolved, watch_parent: int | None,
                result: dict | None = None, **_: Any) -> None:
     """One rank (fairseq's ``distributed_main`` calls this after ``distributed_init``)."""
     if watch_parent is not None:  # a spawned worker: its own interpreter, without our logging
         _setup_worker_logging(fa.is_master(fcfg))
         _exit_with_parent(watch_parent)
-    status = body(lnexp_cfg, Path(run_dir), fcfg.distributed_training)
+    status = body(lnexp_cfg, Path(run_dir), fcfg.distributed_training, resolved)
     fa.leave_process_group()
     if result is not None:
         result.update(status)

@@ -30,6 +30,7 @@ from lnexp.train import room, speed
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import OtherRank, Rank0
 from lnexp.train.session import Session
+from lnexp.train.settings import Resolved
 from lnexp.train.state import RunState, zero_sums
 
 log = logging.getLogger("lnexp.train")
@@ -65,10 +66,12 @@ def extends(run_dir: Path, max_epoch: int, max_update: int) -> str | None:
             f"to {length}; {rundir.METRICS} is appended to")
 
 
-def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
+def train_run(cfg: DictConfig, run_dir: Path, on_start=None,
+              resolved: Resolved | None = None) -> dict[str, Any]:
     """Train (or resume) the run in ``run_dir``; returns its final status. ``on_start()`` runs once
     the run is this launch's to train (not finished, its lock taken): lnexp train writes the run's
-    .hydra/ then, so that a skipped or refused launch changes nothing in the folder."""
+    .hydra/ then, so that a skipped or refused launch changes nothing in the folder. ``resolved``:
+    the config resolved already (lnexp train's check before Hydra); else the run resolves it."""
     from lnexp.train import distributed
 
     done = finished(run_dir, int(cfg.max_epoch), int(cfg.max_update))
@@ -91,18 +94,19 @@ def train_run(cfg: DictConfig, run_dir: Path, on_start=None) -> dict[str, Any]:
                             "it again at the new length")
         if on_start is not None:  # every rank: each has its own Hydra files and log handler
             on_start()
-        status = distributed.launch(cfg, run_dir, train_process)
+        status = distributed.launch(cfg, run_dir, train_process, resolved)
         if rank0:  # an earlier launch's traceback: this one resumed past it
             run_paths(run_dir)["error_log"].unlink(missing_ok=True)
         return status
 
 
-def train_process(cfg: DictConfig, run_dir: Path, dist=None) -> dict[str, Any]:
+def train_process(cfg: DictConfig, run_dir: Path, dist=None,
+                  resolved: Resolved | None = None) -> dict[str, Any]:
     """The training of one process: the whole run, or one rank of a data-parallel run (``dist``:
     fairseq's distributed settings of the rank, see lnexp.train.distributed)."""
     sharing = Sharing(speed.threads(cfg), run_dir)
     try:
-        return Training(Session.build(cfg, run_dir, dist), sharing).train()
+        return Training(Session.build(cfg, run_dir, dist, resolved), sharing).train()
     finally:
         sharing.close()
 

@@ -6,12 +6,14 @@ and exit status 2 instead of a traceback, and no run directory is created for it
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
@@ -21,6 +23,9 @@ from lnexp.config import first_line as _first_line
 from lnexp.errors import ConfigError, UserError
 from lnexp.exit_status import Exit
 from lnexp.plural import count
+
+if TYPE_CHECKING:
+    from lnexp.train.settings import LaunchResolved
 
 log = logging.getLogger("lnexp.train")
 # Each run that does not finish appends "status<TAB>message" to this file (in runs_root, which a
@@ -46,23 +51,30 @@ def _task_overrides(argv: list[str]) -> list[str]:
     return [a for a, task in zip(argv, _is_task_override(argv), strict=True) if task]
 
 
-def check_overrides(argv: list[str]) -> Path:
-    """Compose every value of every swept key once, and validate the result; returns runs_root."""
+def check_overrides(argv: list[str]) -> tuple[Path, LaunchResolved]:
+    """Compose every value of every swept key once, and validate the result; returns runs_root and
+    the configs resolved on the way, for the jobs that run them."""
     from lnexp import config
     from lnexp.data.registry import check_available
     from lnexp.train import settings
 
     overrides = config.normalise(_task_overrides(argv))
     config.given_once(overrides)
-    choices = [override.choices(o) for o in override.parse_all(overrides)]
+    choices, resolved = [override.choices(o) for o in override.parse_all(overrides)], {}
     with config.composer() as compose:
         for combo in _cover(choices):  # every value at least once, without the full cross product
             cfg = compose(combo)
             config.validate(cfg)
             check_available(cfg.dataset)
             # device, precision (bf16's CPU self-check), placement and norm fit this machine
-            settings.launch_flags(cfg)
-    return Path(cfg.runs_root)
+            resolved[_job_key(combo)] = settings.resolve(cfg)
+    return Path(cfg.runs_root), settings.LaunchResolved(resolved)
+
+
+def _job_key(overrides) -> tuple[str, ...]:
+    """A job's task overrides as the check and the job both write them (Hydra's parser)."""
+    parsed = override.parse_all(list(overrides))
+    return tuple(sorted(f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed))
 
 
 def _cover(choices: list[list[str]]):
@@ -71,7 +83,7 @@ def _cover(choices: list[list[str]]):
         yield [c[min(i, len(c) - 1)] for c in choices]
 
 
-def _job(cfg: DictConfig) -> None:
+def _job(cfg: DictConfig, launch: LaunchResolved | None = None) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     from lnexp import rundir
@@ -85,7 +97,9 @@ def _job(cfg: DictConfig) -> None:
     try:
         with staging.log_paused(run_dir):
             staging.refuse_foreign(run_dir)
-            status = train_run(cfg, run_dir, on_start=lambda: staging.publish(staged, run_dir))
+            resolved = None if launch is None else launch.of_job(_job_key(hc.overrides.task))
+            status = train_run(cfg, run_dir, on_start=lambda: staging.publish(staged, run_dir),
+                               resolved=resolved)
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this job
             print(f"{run_dir}: {status['status']} after {count(status.get('epoch') or 0, 'epoch')}")
             _print_summary(run_dir)
@@ -265,10 +279,10 @@ def main(argv: list[str]) -> int:
     if {"-sc", "--shell-completion"} & set(argv):
         return shell_completion(argv)
     _check_hydra_flags(argv)
-    failures = None  # --help, --cfg and friends run no job
+    failures = launch = None  # --help, --cfg and friends run no job
     info = any(a in ("--help", "-h", "--hydra-help", "--info", "-i") for a in argv)
     if not info:
-        runs_root = check_overrides(argv)
+        runs_root, launch = check_overrides(argv)
         argv = _hydra_argv(argv)
         if not any(a in ("--cfg", "-c") for a in argv):
             _check_writable(runs_root)
@@ -285,8 +299,10 @@ def main(argv: list[str]) -> int:
     if not info:  # Hydra logs --info itself: a root handler would print each line twice
         logs.to_stderr(logging.INFO, "%(asctime)s %(name)s: %(message)s", "%H:%M:%S")
     signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's kill: record it as Ctrl-C would
+    # the job, handed what the check resolved (Hydra reads the wrapped _job for its module)
+    job = functools.update_wrapper(functools.partial(_job, launch=launch), _job)
     hydra_main = hydra.main(config_path=str(config.CONFIG_DIR), config_name="train",
-                            version_base="1.1")(_job)
+                            version_base="1.1")(job)
     old = sys.argv
     sys.argv = ["lnexp train", *argv]
     try:

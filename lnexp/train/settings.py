@@ -1,13 +1,16 @@
 """Hydra config -> checked values -> the fairseq-train flags and fairseq's config of the run.
 
 ``resolve`` decides, once, what a config means on this machine: the device, the precision, the
-placement and the norm (``Resolved``); the fairseq-train flags are derived from those objects
-(``fairseq_flags``), never decided again. The mapping is explicit so that every run can print the
-equivalent stock ``fairseq-train`` command (``stock_fairseq_train`` in run.json).
-``fairseq_config`` is the one way from lnexp's config to fairseq's (training, data parallelism,
-probes and the linear schedule's run length all use it); ``run_setup`` reads everything a training
-needs from lnexp's config once, so that the training's steps take a typed ``RunSetup`` and never the
-config itself (lnexp.train.session builds the run's fairseq objects from it).
+placement and the norm, and the fairseq-train flags derived from those objects (``fairseq_flags``),
+all in one value (``Resolved``) that is handed down, never decided again: ``lnexp train``'s check
+before Hydra resolves each config it checks and hands the decisions to its jobs
+(``LaunchResolved``), whose set-up (``run_setup``) and data-parallel ranks take them. The mapping is
+explicit so that every run can print the equivalent stock ``fairseq-train`` command
+(``stock_fairseq_train`` in run.json). ``fairseq_setup`` is the one way from flags to fairseq's
+config on the run's data (training, data parallelism and the probes use it); ``run_setup`` reads
+everything a training needs from lnexp's config once, so that the training's steps take a typed
+``RunSetup`` and never the config itself (lnexp.train.session builds the run's fairseq objects from
+it). The defaults are configs/train.yaml's alone: the code reads the composed config.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from lnexp.train.speed import Speed
 # lnexp's architectures that stock fairseq registers under another name (same sizes, same init)
 STOCK_ARCHS = {"ln_transformer_iwslt_de_en": "transformer_iwslt_de_en",
                "ln_transformer_wmt_en_de": "transformer_wmt_en_de"}
+FAIRSEQ_LAYERNORM_EPS = 1e-5  # stock fairseq's LayerNorm (torch's default)
 
 
 @dataclass(frozen=True)
@@ -48,59 +52,59 @@ class FairseqSetup:
 @dataclass(frozen=True)
 class Resolved:
     """What a config means on this machine, decided once: the device, the precision (``auto``
-    resolved, bf16's CPU self-check passed), the placement and the norm (checked)."""
+    resolved, bf16's CPU self-check passed), the placement and the norm (checked), and the
+    fairseq-train flags derived from them (without the data and what is the run's own: its
+    checkpoint folder, the linear schedule's counted length). Shared as it is: add to a copy of
+    ``flags``, never to them."""
 
     device: str
     precision: Precision
     placement: Placement
     norm: Norm
+    flags: dict[str, Any]
 
 
 def resolve(cfg: DictConfig, device: str | None = None) -> Resolved:
-    """The one decision of device, precision, placement and norm (``device``: given instead of
-    ``cfg.device``); ConfigError names the key that does not fit this machine."""
+    """The one decision of device, precision, placement and norm, and the fairseq flags derived
+    from them (``device``: given instead of ``cfg.device``); ConfigError names the key that does
+    not fit this machine."""
     device = device or resolve_device(cfg)
     placement, norm = model_scheme(cfg)
-    return Resolved(device, resolve_precision(str(cfg.precision), device, half=Speed.of(cfg).half),
-                    placement, norm)
+    precision = resolve_precision(str(cfg.precision), device, half=Speed.of(cfg).half)
+    return Resolved(device, precision, placement, norm,
+                    fairseq_flags(cfg, device, precision, placement, norm))
 
 
-_LAUNCH: dict[str, tuple[Resolved, dict[str, Any]]] = {}
+class LaunchResolved:
+    """The configs that ``lnexp train``'s check before Hydra resolved, by job (a job's overrides,
+    as lnexp.train.run writes them), handed to the jobs of that launch. The decisions hold on this
+    machine, in this process: pickled for a launcher that runs the jobs elsewhere (joblib's
+    workers, submitit's nodes: maybe another machine) it arrives empty, and each job resolves its
+    own config where it runs, as a job the check did not cover does."""
+
+    def __init__(self, by_job: dict[tuple[str, ...], Resolved] | None = None) -> None:
+        self._by_job = dict(by_job or {})
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return LaunchResolved, ()
+
+    def of_job(self, job: tuple[str, ...]) -> Resolved | None:
+        """The job's config resolved by the check, or None where it was not (or elsewhere)."""
+        return self._by_job.get(job)
 
 
-def launch_flags(cfg: DictConfig) -> tuple[Resolved, dict[str, Any]]:
-    """``resolve(cfg)`` and its fairseq flags, once per launch: ``lnexp train`` checks each config
-    before Hydra starts (lnexp.train.run.check_overrides) and the job's session then takes the
-    same decision and flags (a copy) instead of making them again."""
-    key = OmegaConf.to_yaml(cfg)
-    if key not in _LAUNCH:
-        r = resolve(cfg)
-        _LAUNCH[key] = (r, fairseq_flags(cfg, 1, r.device, r))
-    r, flags = _LAUNCH[key]
-    return r, dict(flags)
-
-
-def fairseq_config(cfg: DictConfig, device: str = "cpu", updates_per_epoch: int | None = None,
-                   resolved: Resolved | None = None, **replace: Any) -> FairseqSetup:
-    """lnexp's config -> fairseq-train flags (``replace`` overrides some) -> fairseq's config, on
-    the data of ``cfg.dataset`` (prepared on first use).
-
-    ``updates_per_epoch``: the linear schedule's epoch length; left out, it is counted with
-    fairseq's own batching when the schedule needs it."""
-    flags = fairseq_flags(cfg, updates_per_epoch or 1, device, resolved)
-    return _fairseq_setup(cfg, {**flags, **replace}, count=updates_per_epoch is None)
-
-
-def _fairseq_setup(cfg: DictConfig, flags: dict[str, Any], count: bool) -> FairseqSetup:
-    """The prepared data and fairseq's config of these flags (``count``: the linear schedule's
-    run length counted with fairseq's own batching)."""
+def fairseq_setup(cfg: DictConfig, flags: dict[str, Any], run_length: bool = False) -> FairseqSetup:
+    """The data of ``cfg.dataset`` (prepared on first use) and fairseq's config of ``flags`` on it.
+    ``run_length``: the flags of a training, whose linear schedule needs the run's length
+    (``total_updates``: ``max_epoch`` epochs, counted here with fairseq's own batching; the probes
+    and the data-parallel set-up build no lr schedule)."""
     from lnexp.data.registry import load_for_training
 
     data = load_for_training(cfg.dataset)
-    if count and cfg.schedule.name == "linear":
-        per_epoch = fa.updates_per_epoch(fa.fairseq_config(data.bin_dir, flags))
-        flags["total_updates"] *= per_epoch  # max_epoch epochs of per_epoch updates
-    return FairseqSetup(data, flags, fa.fairseq_config(data.bin_dir, flags))
+    if run_length and cfg.schedule.name == "linear":
+        per_epoch = fa.updates_per_epoch(fa.training_config(data.bin_dir, flags))
+        flags = {**flags, "total_updates": per_epoch * int(cfg.max_epoch)}
+    return FairseqSetup(data, flags, fa.training_config(data.bin_dir, flags))
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ class RunSetup:
     world_size: int
     tokens_per_update_max: int
     resume_from: Path | None  # the checkpoint the run resumes from (None: a fresh start)
-    resolved: Resolved  # device, precision, placement and norm, decided once
+    resolved: Resolved  # device, precision, placement, norm and their flags, decided once
     compile: bool  # compile=true: layers under torch.compile (lnexp.train.compiling)
     speed: Speed  # how an update runs on the hardware (lnexp.train.speed)
     stock: bool = False  # stock fairseq's equivalent run (the benchmarks' baseline), not lnexp's
@@ -166,34 +170,34 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None,
     ``{"memory_efficient_fp16": True}``); ConfigError where the config has none."""
     from lnexp import rundir
 
-    if resolved is None:
-        r, flags = launch_flags(cfg)
-    else:
-        r, flags = resolved, fairseq_flags(cfg, 1, resolved.device, resolved)
+    r = resolved if resolved is not None else resolve(cfg)
     values = dict(
         run_dir=run_dir, paths=paths, config=OmegaConf.to_container(cfg, resolve=True),
         device=r.device, schedule=schedule_in_force(cfg), linear=cfg.schedule.name == "linear",
         max_epoch=int(cfg.max_epoch), max_update=int(cfg.max_update),
         save_every=int(cfg.save_interval_updates), log_interval=int(cfg.log_interval),
         keep_last_epochs=int(cfg.checkpoint.keep_last_epochs),
-        checkpoints_at_end=str(cfg.checkpoint.get("at_end", "keep")),
+        checkpoints_at_end=str(cfg.checkpoint.at_end),
         eval={"beam": int(cfg.eval.beam), "lenpen": float(cfg.eval.lenpen),
               "max_sentences": int(cfg.eval.max_sentences), "subset": int(cfg.eval.subset)},
         plateau_epoch=int(cfg.divergence.plateau_epoch),
         plateau_margin=float(cfg.divergence.plateau_margin),
         plateau_min_updates=int(cfg.divergence.plateau_min_updates),
         stop_on_plateau=bool(cfg.divergence.stop),
-        track_every=int(cfg.track_every) if cfg.track_norms else 0)
+        track_every=int(cfg.track_every) if cfg.track_norms else 0,
+        compile=bool(cfg.compile) and stock is None, speed=Speed.of(cfg))
     tokens_per_rank = int(cfg.scale.update_freq) * int(cfg.scale.max_tokens)
     # (None for schedule=linear, and for CPU autocast: stock fairseq has no such path)
-    stock_run = None if r.precision.autocast else stock_flags(flags)
+    stock_run = None if r.precision.autocast else stock_flags(r.flags)
+    flags = r.flags
     if stock is not None:
         if stock_run is None:
             raise ConfigError(f"placement={r.placement.name} with these settings has no stock "
                               "fairseq equivalent: use placement=post_ln or pre_ln, norm=layernorm, "
                               "schedule=inverse_sqrt with warm-up, fp32/bf16/fp16 on a GPU")
         flags = {**stock_run, **stock}
-    fs = _fairseq_setup(cfg, {**flags, "save_dir": paths["checkpoints"], **RUN_FLAGS}, count=True)
+    fs = fairseq_setup(cfg, {**flags, "save_dir": paths["checkpoints"], **RUN_FLAGS},
+                       run_length=True)
     if dist is not None:
         fa.adopt_distributed(fs.config, dist)
     world = int(fs.config.distributed_training.distributed_world_size)
@@ -202,31 +206,26 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None,
             ["fairseq-train", *fa.flags_to_argv(fs.data.bin_dir, stock_run)]),
         master=fa.is_master(fs.config), world_size=world,
         tokens_per_update_max=world * tokens_per_rank,
-        resume_from=rundir.resume_checkpoint(paths), resolved=r,
-        compile=bool(cfg.get("compile", False)) and stock is None, stock=stock is not None,
-        speed=Speed.of(cfg))
+        resume_from=rundir.resume_checkpoint(paths), resolved=r, stock=stock is not None)
 
 
 def schedule_in_force(cfg: DictConfig) -> str:
     """The lr schedule of the run in words, and why it is the one in force."""
     s = cfg.schedule
     warm = f"linear warm-up over {count(cfg.warmup, 'update')}" if cfg.warmup else "no warm-up"
-    epochs = ", ".join(str(e) for e in s.get("epochs", []))
-    shape = {"inverse_sqrt": "then inverse-sqrt decay", "constant": "then lr_max held",
-             "step": f"lr_max held, x{s.get('gamma')} from epoch {epochs}",
-             "linear": "then linear decay to 0 at the end of the run"}[s.name]
-    return f"{s.name}: lr_max {cfg.lr:g}, {warm}, {shape} ({s.get('why', 'chosen')})"
+    if s.name == "step":
+        shape = f"lr_max held, x{s.gamma} from epoch {', '.join(str(e) for e in s.epochs)}"
+    else:
+        shape = {"inverse_sqrt": "then inverse-sqrt decay", "constant": "then lr_max held",
+                 "linear": "then linear decay to 0 at the end of the run"}[s.name]
+    return f"{s.name}: lr_max {cfg.lr:g}, {warm}, {shape} ({s.why})"
 
 
-
-def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
-                  device: str = "cpu", resolved: Resolved | None = None) -> dict[str, Any]:
-    """The fairseq-train options of this run (without the data directory), derived from the
-    config's resolved objects (``resolved``; decided here from ``cfg`` on ``device`` if not
-    given)."""
+def fairseq_flags(cfg: DictConfig, device: str, precision: Precision, placement: Placement,
+                  norm: Norm) -> dict[str, Any]:
+    """The fairseq-train options of the config (without the data directory and the linear
+    schedule's length), derived from its resolved objects (``resolve`` calls this)."""
     opt, sched, scale = cfg.optimizer, cfg.schedule, cfg.scale
-    r = resolved or resolve(cfg, device)
-    device, placement, norm, precision = r.device, r.placement, r.norm, r.precision
     flags: dict[str, Any] = dict(
         task="translation", source_lang=cfg.dataset.src, target_lang=cfg.dataset.tgt,
         arch=scale.arch, share_all_embeddings=True,
@@ -255,10 +254,6 @@ def fairseq_flags(cfg: DictConfig, updates_per_epoch: int | None = None,
     if sched.name == "step":
         flags.update(step_epochs=",".join(str(int(e)) for e in sched.epochs),
                      step_gamma=float(sched.gamma))
-    if sched.name == "linear":
-        if not updates_per_epoch:
-            raise ConfigError("schedule=linear needs the run length; it could not be computed")
-        flags.update(total_updates=int(updates_per_epoch * cfg.max_epoch))
     return flags
 
 
@@ -269,8 +264,8 @@ def distributed_flags(cfg: DictConfig, device: str) -> dict[str, Any]:
     """
     import os
 
-    d = cfg.get("distributed") or {}
-    ws = d.get("world_size", 1)
+    d = cfg.distributed
+    ws = d.world_size
     if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
         raise ConfigError(f"distributed.world_size={ws!r} must be a whole number >= 1")
     flags: dict[str, Any] = {"distributed_world_size": ws}
@@ -278,30 +273,28 @@ def distributed_flags(cfg: DictConfig, device: str) -> dict[str, Any]:
         return flags
     cuda = device == "cuda"
     launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")) \
-        or ("SLURM_JOB_NODELIST" in os.environ and int(d.get("port", -1)) > 0)
-    if cuda and not launched and not d.get("init_method"):
+        or ("SLURM_JOB_NODELIST" in os.environ and int(d.port) > 0)
+    if cuda and not launched and not d.init_method:
         import torch
 
         if ws > torch.cuda.device_count():
             raise ConfigError(f"distributed.world_size={ws} but {torch.cuda.device_count()} GPU(s) "
                               "are visible: use at most that many, or start the run under torchrun "
                               "or SLURM (docs/multi-gpu.md)")
-    backend = d.get("backend", "auto")
-    backend = ("nccl" if cuda else "gloo") if backend == "auto" else backend
+    backend = ("nccl" if cuda else "gloo") if d.backend == "auto" else d.backend
     if backend == "nccl" and not cuda:
         raise ConfigError("distributed.backend=nccl needs GPUs: use distributed.backend=gloo on CPU")
-    ddp = d.get("ddp_backend", "auto")
-    ddp = ("pytorch_ddp" if cuda else "legacy_ddp") if ddp == "auto" else ddp
+    ddp = ("pytorch_ddp" if cuda else "legacy_ddp") if d.ddp_backend == "auto" else d.ddp_backend
     if ddp in ("pytorch_ddp", "c10d") and not cuda:
         raise ConfigError(f"distributed.ddp_backend={ddp} needs GPUs (fairseq passes GPU ids to "
                           "torch's DDP): use distributed.ddp_backend=legacy_ddp on CPU")
     flags.update(distributed_backend=backend, ddp_backend=ddp,
-                 bucket_cap_mb=int(d.get("bucket_cap_mb", 25)),
-                 find_unused_parameters=bool(d.get("find_unused_parameters", False)),
-                 heartbeat_timeout=int(d.get("heartbeat_timeout", -1)))
-    if int(d.get("port", -1)) > 0:
+                 bucket_cap_mb=int(d.bucket_cap_mb),
+                 find_unused_parameters=bool(d.find_unused_parameters),
+                 heartbeat_timeout=int(d.heartbeat_timeout))
+    if int(d.port) > 0:
         flags["distributed_port"] = int(d.port)
-    if d.get("init_method"):
+    if d.init_method:
         flags["distributed_init_method"] = str(d.init_method)
     return flags
 
@@ -315,7 +308,7 @@ def model_scheme(cfg: DictConfig) -> tuple[Placement, Norm]:
 
 
 def _is_stock_norm(norm: Norm) -> bool:
-    return norm.name == "layernorm" and norm.eps == 1e-5
+    return norm.name == "layernorm" and norm.eps == FAIRSEQ_LAYERNORM_EPS
 
 
 def stock_flags(flags: dict[str, Any]) -> dict[str, Any] | None:

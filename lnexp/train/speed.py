@@ -1,7 +1,8 @@
 """configs/train.yaml's ``speed`` group: how an update runs on the hardware (issue 44).
 
-Each setting has a default that keeps today's numbers, and where it cannot apply the run goes on
-without it and says why in one log line (docs/performance.md "The GPU step"):
+Each setting has a default (configs/train.yaml's, the only place it is written) that keeps today's
+numbers, and where it cannot apply the run goes on without it and says why in one log line
+(docs/performance.md "The GPU step"):
 
 - ``syncs``: ``fewer`` (default) logs fairseq's meters without reading them back to the host and
   reads lnexp's statistics in one transfer (``fairseq_adapter.train_step``); bit-equal numbers.
@@ -34,30 +35,28 @@ log = logging.getLogger("lnexp.train")
 class Speed:
     """The speed group of a run's config, read once."""
 
-    syncs: str = "fewer"
-    adam: str = "auto"
-    half: str = "cast"
-    compile_mode: str = "default"
-    buckets: tuple[int, ...] = ()
-    gpu_threads: int = 0
+    syncs: str
+    adam: str
+    half: str
+    compile_mode: str
+    buckets: tuple[int, ...]
+    gpu_threads: int
 
     @classmethod
     def of(cls, cfg: Any) -> Speed:
-        """The settings of ``cfg`` (lnexp's config); the defaults where it has no speed group."""
-        s = cfg.get("speed") or {}
-        d = cls()
-        return cls(syncs=str(s.get("syncs", d.syncs)), adam=str(s.get("adam", d.adam)),
-                   half=str(s.get("half", d.half)),
-                   compile_mode=str(s.get("compile_mode", d.compile_mode)),
-                   buckets=tuple(sorted({int(b) for b in s.get("buckets") or ()})),
-                   gpu_threads=int(s.get("gpu_threads", d.gpu_threads)))
+        """The settings of ``cfg`` (lnexp's config, composed: every key there)."""
+        s = cfg.speed
+        return cls(syncs=str(s.syncs), adam=str(s.adam), half=str(s.half),
+                   compile_mode=str(s.compile_mode),
+                   buckets=tuple(sorted({int(b) for b in s.buckets or ()})),
+                   gpu_threads=int(s.gpu_threads))
 
 
 def threads(cfg: Any) -> int:
     """The torch threads a run asks for: ``speed.gpu_threads`` when it trains on a GPU and sets
     it, else ``threads`` (0: a fair share of the cores, lnexp.runtime.sharing)."""
     gpu = Speed.of(cfg).gpu_threads
-    if gpu and str(cfg.get("device", "auto")) != "cpu":
+    if gpu and str(cfg.device) != "cpu":
         import torch
 
         if torch.cuda.is_available():
