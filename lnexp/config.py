@@ -21,9 +21,6 @@ from lnexp.names import CONFIG_DIR, NORMS, PLACEMENTS, PRECISIONS, SCHEDULES, op
 from lnexp.scheme import NUMBER_OR_FORMULA, Norm, Placement
 
 GROUPS = tuple(sorted(p.name for p in CONFIG_DIR.iterdir() if p.is_dir()))
-# Keys that say how long to train or how to report: they do not name the run, so raising max_epoch
-# continues a finished run in its own folder (configs/train.yaml repeats them for Hydra).
-LENGTH_KEYS = ("max_epoch", "max_update")
 # The most layers a stack may have: DeepNet (Wang et al. 2022), the deepest of the study's schemes,
 # trained 1,000 layers in all; far more would fill the memory before the first update.
 MAX_LAYERS = 1000
@@ -382,7 +379,7 @@ BOUNDS: dict[str, Bound] = {
     "max_update": Bound(0, MAX_UPDATES, note="0 = no limit"),
     "log_interval": Bound(1, unit="updates"),
     "residual_scale": Bound(0, above=True, note="1.0 = plain residual", whole=False),
-    "threads": Bound(0, note="0 = torch's default"),
+    "threads": Bound(0, note="0 = a fair share of the cores"),  # as configs/train.yaml says
     "save_interval_updates": Bound(0, unit="updates", note="0 = at the end of each epoch only"),
     "track_every": Bound(1, unit="updates"),
     "eval.beam": Bound(1),

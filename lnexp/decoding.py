@@ -21,6 +21,7 @@ import torch
 from lnexp import fairseq_adapter as fa
 from lnexp.data.corpus import PreparedData
 from lnexp.errors import UserError
+from lnexp.plural import count
 from lnexp.rundir import write_text
 
 
@@ -72,8 +73,9 @@ class BleuScorer:
         import sacrebleu
 
         if len(hyps_tok) != len(self.refs):
-            raise MissingHypotheses(f"{len(hyps_tok)} hypotheses for {len(self.refs)} "
-                                    f"{self.split} references: no BLEU is reported")
+            raise MissingHypotheses(f"{count(len(hyps_tok), 'hypothesis', 'hypotheses')} for "
+                                    f"{count(len(self.refs), f'{self.split} reference')}: no BLEU is "
+                                    "reported")
         hyps = [self.detok(h) for h in hyps_tok]
         bleu = sacrebleu.metrics.BLEU()
         result = bleu.corpus_score(hyps, [self.refs])
@@ -117,7 +119,7 @@ def check_complete(split: str, ids: list[int], hyps: dict[int, str]) -> None:
     if missing or len(hyps) != len(ids):
         shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
         raise MissingHypotheses(
-            f"{len(missing)} of the {len(ids)} {split} sentences got no hypothesis "
+            f"{len(missing)} of the {count(len(ids), f'{split} sentence')} got no hypothesis "
             f"(ids {shown or 'none'}; {len(hyps)} decoded): no BLEU is reported. The batches "
             "lost sentences: decode with lnexp.fairseq_adapter.generate_batches "
             "(fairseq-generate needs --required-batch-size-multiple 1)")

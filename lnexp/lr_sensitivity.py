@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lnexp import run_status
+from lnexp.plural import count
 from lnexp.results import Run, _fmt, _leaves
 from lnexp.rundir import read_updates, run_paths
 from lnexp.stats import LrSensitivity, lr_sensitivity, summarise
@@ -142,7 +143,7 @@ def report(runs: list[Run]) -> str:
     """What ``lnexp results --lr-sensitivity`` prints for these runs."""
     grid, rows = measure(runs)
     if len(grid) < 2:
-        return (f"{len(runs)} runs at {len(grid)} lr: the LR sensitivity needs a sweep over lrs, "
+        return (f"{count(len(runs), 'run')} at {len(grid)} lr: the LR sensitivity needs a sweep over lrs, "
                 "e.g. lnexp train -m lr=1e-4,3e-4,1e-3,3e-3,1e-2")
     partial = sum(not r.result.complete for r in rows)
     return "\n".join([

@@ -1,6 +1,7 @@
 """The choices of each axis of the study and the architectures' sizes, importable without torch or
 fairseq (the CLI's start-up path, settings and the report read them)."""
 
+from functools import cache
 from pathlib import Path
 
 # The placements of 2020 first (the figures' order), then every other configs/placement/*.yaml
@@ -54,3 +55,19 @@ def describe_arch(arch: str) -> str:
     s = ARCH_SIZES[arch]
     return (f"{s['layers']}+{s['layers']} layers, d={s['embed_dim']}, FFN {s['ffn_embed_dim']}, "
             f"{s['attention_heads']} heads")
+
+
+# Keys that say how long to train: they do not name the run, so raising max_epoch continues a
+# finished run in its own folder (configs/train.yaml's exclude_keys holds them for Hydra)
+LENGTH_KEYS = ("max_epoch", "max_update")
+
+
+@cache
+def unnamed_keys() -> tuple[str, ...]:
+    """The config keys that do not name a run (configs/train.yaml's ``exclude_keys``: how long to
+    train, how to report, the machine's settings), so that what tells runs apart in a legend or a
+    table is what names them."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(CONFIG_DIR / "train.yaml")
+    return tuple(str(k) for k in cfg.hydra.job.config.override_dirname.exclude_keys)

@@ -32,6 +32,7 @@ from typing import Any
 from lnexp import overrides as override
 from lnexp import run_status
 from lnexp.errors import ArgumentParser, UserError, cannot_write, output_file
+from lnexp.plural import count
 from lnexp.rundir import CHECKPOINTS, STATUS, effective_status, read_json, read_metrics, run_paths
 
 COLUMNS = ("run", "experiment", "dataset", "scale", "placement", "norm", "residual_scale", "optimizer",
@@ -332,11 +333,66 @@ def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def varying_keys(runs: list[Run], ignore: set[str]) -> list[str]:
-    """The config keys whose values differ between ``runs`` (besides ``ignore``)."""
-    leaves = [_leaves(r.config) for r in runs]
-    keys = sorted({k for d in leaves for k in d})
-    return [k for k in keys if k not in ignore and len({d.get(k) for d in leaves}) > 1]
+# config keys that never tell two runs apart (paths, machine settings, logging), besides those that
+# do not name a run (configs/train.yaml's exclude_keys: how long to train, how to report)
+NOISE = ("runs_root", "threads", "device", "dataset.dir", "eval.max_sentences", "track_norms",
+         "track_every", "checkpoint", "scale.keep_last_epochs", "save_interval_updates", "hydra")
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    """The config keys that tell the runs apart (a plot's legend, a group's ``varies``): leaf keys
+    whose values differ between the runs, without keys that do not name a run (``NOISE``,
+    ``names.unnamed_keys``: max_update, eval.subset; a ``linear`` schedule's length does name it),
+    text (``*.about.*``, ``*.why``, ``*.recipe.*``, free text), keys that every run derives from
+    another key (an interpolation in its ``.hydra/config.yaml``: ``schedule.name`` follows the
+    placement's recipe), and a group's other keys where its name differs (they follow from the
+    choice) unless a run's overrides set them. Keys that some runs lack (configs of older lnexp
+    versions) are left out: their absence is not a difference of the experiment."""
+    from lnexp.names import LENGTH_KEYS, unnamed_keys
+
+    aside = {*NOISE, *unnamed_keys()}
+    if any(r.get("schedule.name") == "linear" for r in runs):
+        aside -= set(LENGTH_KEYS)
+    common = set.intersection(*(set(dotted_keys(r.config)) for r in runs)) if runs else set()
+    leaves = sorted(k for k in common if not isinstance(runs[0].get(k), dict)
+                    and not any(k == a or k.startswith(a + ".") for a in aside))
+    differ = [k for k in leaves if len({repr(r.get(k)) for r in runs}) > 1 and not _text(k, runs)]
+    if not differ:
+        return []
+    derived = set.intersection(*(_derived(r) for r in runs))
+    typed = {override.key(o) for r in runs for o in r.overrides}
+    differ = [k for k in differ if k not in derived or k in typed]
+    chosen = {k.removesuffix(".name") for k in differ if k.endswith(".name")}
+    return [k for k in differ if k.endswith(".name") or k.split(".")[0] not in chosen or k in typed]
+
+
+def _text(key: str, runs: list[Run]) -> bool:
+    """A key that describes rather than configures: a placement's ``about`` (label, colour, paper),
+    a ``why`` or a recipe, or a value of words."""
+    parts = key.split(".")
+    return parts[-1] == "why" or "recipe" in parts or "about" in parts or any(
+        isinstance(r.get(key), str) and " " in r.get(key) for r in runs)
+
+
+def _derived(run: Run) -> set[str]:
+    """Keys of a run whose config-file value is an interpolation (Hydra saves the composed,
+    unresolved config in .hydra/config.yaml)."""
+    from omegaconf import OmegaConf
+
+    path = run.dir / ".hydra" / "config.yaml"
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception:  # no file (runs of other tools), or one OmegaConf cannot read
+        return set()
+    return {k for k in dotted_keys(raw) if _raw(raw, k)}
+
+
+def _raw(tree: Any, key: str) -> bool:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return False
+        tree = tree[part]
+    return isinstance(tree, str) and "${" in tree
 
 
 # Never pooled into one row, whatever ``--group-by`` names: a 5-update trial and a 256-update run, or
@@ -353,8 +409,8 @@ def run_length(run: Run) -> str:
     """How long the run was set to train: its max_update where one is set, else its max_epoch."""
     updates, epochs = run.get("max_update"), run.get("max_epoch")
     if updates:
-        return f"{_fmt(updates)} updates"
-    return f"{_fmt(epochs)} epochs" if epochs is not None else "?"
+        return count(updates, "update")
+    return count(epochs, "epoch") if epochs is not None else "?"
 
 
 def group_rows(runs: list[Run], keys: list[str]) -> list[dict[str, Any]]:
@@ -373,8 +429,8 @@ def group_rows(runs: list[Run], keys: list[str]) -> list[dict[str, Any]]:
         rows = [m.row() for m in members]
         g: dict[str, Any] = {**dict(zip(split, value, strict=True)), "n": len(members),
                              "seeds": ",".join(sorted({_fmt(r["seed"]) for r in rows}, key=str)),
-                             "varies": ",".join(varying_keys(
-                                 members, {"seed", "max_update", "max_epoch", *keys}))}
+                             "varies": ",".join(k for k in differing_keys(members)
+                                                if k != "seed" and k not in keys)}
         for col in GROUP_VALUES:
             s = summarise([r[col] for r in rows])
             g.update({f"{col}_{f}": x for f, x in zip(STAT_FIELDS, (s.mean, s.std, s.n, s.low, s.high),
@@ -450,7 +506,7 @@ def main(argv: list[str]) -> int:
             except OSError as e:
                 raise cannot_write(e, "pass --csv a path in a folder you can write, or --csv - "
                                       "for stdout") from None
-            print(f"{len(rows)} runs -> {args.csv}")
+            print(f"{count(len(rows), 'run')} -> {args.csv}")
         return 0
     if not rows:
         print(f"no runs under {args.runs_root}" + (" match " + " ".join(args.filters) if filters else ""))
@@ -460,7 +516,7 @@ def main(argv: list[str]) -> int:
         if r["error"]:
             print(f"{r['run']} failed: {r['error']}")
     counts = {s: sum(r["status"] == s for r in rows) for s in STATUSES}
-    print(f"{len(rows)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    print(f"{count(len(rows), 'run')}: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
           + "  (losses in bits/token)")
     return 0
 
@@ -482,16 +538,16 @@ def print_groups(runs: list[Run], args: argparse.Namespace) -> int:
         else:
             Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
             Path(args.csv).write_text(buf.getvalue())
-            print(f"{len(groups)} groups -> {args.csv}")
+            print(f"{count(len(groups), 'group')} -> {args.csv}")
         return 0
     if not groups:
         match = " match " + " ".join(args.filters) if args.filters else ""
         print(f"no runs under {args.runs_root}{match}")
         return 0
     print(group_table(groups, keys))
-    print(f"{len(groups)} groups of {len(runs)} runs; mean ± half-width of the 95% t-interval over "
-          "the group's runs (losses in bits/token); runs of another length or status are never "
-          "pooled: each has its own row")
+    print(f"{count(len(groups), 'group')} of {count(len(runs), 'run')}; mean ± half-width of the 95% "
+          "t-interval over the group's runs (losses in bits/token); runs of another length or "
+          "status are never pooled: each has its own row")
     return 0
 
 

@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lnexp import config, rundir
 from lnexp import overrides as override
+from lnexp.names import LENGTH_KEYS
 
 Composer = Callable[[list[str]], DictConfig]  # overrides -> the unresolved config, hydra node included
 _NOTED: set[str] = set()
@@ -74,7 +75,7 @@ def same_config(root: Path, resolved: dict[str, Any], exclude: set[str]) -> str 
     run aside), if one does: a run an older lnexp named after another spelling of it."""
     aside = exclude | {"runs_root"}
     if _lookup(resolved, "schedule.name") == "linear":  # its length names it
-        aside -= set(config.LENGTH_KEYS)
+        aside -= set(LENGTH_KEYS)
     want = _without(resolved, aside)
     for run_json in sorted(root.glob(f"*/{rundir.RUN}")):
         try:
@@ -131,7 +132,7 @@ def name_and_config(overrides: list[str], compose_raw: Composer,
     kept += [(t, o) for t, o in values if not _same_without(o, raw, full, resolved)]
     items = [_spell(t, o, resolved) for t, o in kept]
     if _lookup(resolved, "schedule.name") == "linear":  # its length is part of what is trained
-        items = [s for s in items if override.key(s) not in config.LENGTH_KEYS]
+        items = [s for s in items if override.key(s) not in LENGTH_KEYS]
         items.append(f"max_epoch={resolved['max_epoch']}")
         if resolved.get("max_update"):
             items.append(f"max_update={resolved['max_update']}")
@@ -159,7 +160,7 @@ def legacy_name(overrides: str, cfg: dict[str, Any] | None = None) -> str:
     """The name older versions gave a run: its overrides as typed (Hydra's override_dirname)."""
     items = [s.replace("'", "").replace('"', "") for s in overrides.split(",") if s]
     if cfg is not None and _lookup(cfg, "schedule.name") == "linear":
-        items = [s for s in items if override.key(s) not in config.LENGTH_KEYS]
+        items = [s for s in items if override.key(s) not in LENGTH_KEYS]
         items.append(f"max_epoch={cfg['max_epoch']}")
         if cfg.get("max_update"):
             items.append(f"max_update={cfg['max_update']}")

@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from lnexp.plural import count
+
 # status -> what it means (the order of lnexp results' counts)
 MEANING = {
     "done": "trained to max_epoch",
@@ -87,18 +89,18 @@ def note(status: dict[str, Any]) -> str:
     left = status.get("left_plateau")
     left = f"left the unigram plateau at update {left['update']}, epoch {left['epoch']}" if left else ""
     if word == "stopped":
-        return "; ".join(x for x in (f"stopped at {n} updates, {epochs}: max_update="
+        return "; ".join(x for x in (f"stopped at {count(n, 'update')}, {epochs}: max_update="
                                      f"{status.get('max_update', n)}", left) if x)
     if word == "plateau":
         p = status.get("plateau") or {}
         early = "; divergence.stop ended it there" if status.get("ended_early") else ""
-        return (f"plateau at {n} updates, {epochs}: {str(p.get('reason', '')).removeprefix('plateau: ')}"
-                f"{early}")
+        reason = str(p.get("reason", "")).removeprefix("plateau: ")
+        return f"plateau at {count(n, 'update')}, {epochs}: {reason}{early}"
     if word == "diverged":
         d = status.get("diverged") or {}
         return f"diverged at update {d.get('update', n)}, epoch {d.get('epoch', '?')}: {d.get('reason', '')}"
     if word == "interrupted" and status.get("resumes_from") is not None:
-        return f"interrupted at {n} updates; resumes from update {status['resumes_from']}"
+        return f"interrupted at {count(n, 'update')}; resumes from update {status['resumes_from']}"
     if word == "damaged":
         return MEANING["damaged"]
     if word == "done" and status.get("plateau_rule"):

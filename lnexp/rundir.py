@@ -80,10 +80,19 @@ def epoch_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
 
 class DiskError(UserError):
     """A write that failed for want of space or permission: one line naming the path, the free
-    space and the fix."""
+    space and the fix; ``path`` and ``os_error`` are what failed, for a caller that names another
+    fix (lnexp.data.cache: the cache's)."""
+
+    def __init__(self, message: str, path: Path | None = None, os_error: OSError | None = None):
+        super().__init__(message)
+        self.path, self.os_error = path, os_error
 
 
-def disk_error(path: Path, e: OSError) -> DiskError:
+RESUME = "then run the same command again: it resumes from the last complete checkpoint"
+
+
+def disk_error(path: Path, e: OSError, setting: str = "runs_root=", then: str = RESUME) -> DiskError:
+    """The DiskError of ``e`` writing ``path``; ``setting`` names the folder to change."""
     where = Path(path).parent
     while not where.exists() and where != where.parent:
         where = where.parent
@@ -92,11 +101,11 @@ def disk_error(path: Path, e: OSError) -> DiskError:
     except OSError:
         free = f"free space on {where} unknown"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space (or set runs_root= to another disk)"
+        fix = f"free some space (or set {setting} to another disk)"
     else:
-        fix = f"make {where} writable (or set runs_root= to a writable folder)"
-    return DiskError(f"cannot write {path}: {os.strerror(e.errno or 0)} ({free}): {fix}, then run "
-                     "the same command again: it resumes from the last complete checkpoint")
+        fix = f"make {where} writable (or set {setting} to a writable folder)"
+    return DiskError(f"cannot write {path}: {os.strerror(e.errno or 0)} ({free}): {fix}, {then}",
+                     Path(path), e)
 
 
 @contextmanager

@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench as B  # noqa: E402
 
+from lnexp.plural import count
+
 DEFAULT_SETTINGS = "1:256:0,1:64:0,1:1024:0,5:256:0,5:256:500"
 
 
@@ -100,7 +102,7 @@ def main() -> None:
     print(f"# validation loss over all {n_valid} sentences: {val_s:.1f} s "
           f"(valid loss {val.loss:.2f} bits/token)"
           + (f"; weights from {args.checkpoint}" if args.checkpoint else
-             f"; model after {args.warmup + args.updates} updates (no --checkpoint)"))
+             f"; model after {count(args.warmup + args.updates, 'update')} (no --checkpoint)"))
     print()
     print("Per-epoch validation cost (share = validation / (training + validation) of one epoch; "
           "target <= 10%)")

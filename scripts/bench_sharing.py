@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench as B  # noqa: E402
 
+from lnexp.plural import count
+
 # the mini model at its default size, warm-up schedule; validation BLEU on a few sentences only
 BASE = ["placement=post_ln", "divergence.plateau_epoch=99", "log_interval=1000"]
 THREADS_LINE = re.compile(r"threads: (\d+) \(([^)]*)\)", re.M)
@@ -132,7 +134,7 @@ def main() -> None:
     prepare(over)
     print(B.machine_line())
     print(f"# lnexp train {' '.join(over)} "
-          f"seed=1..N, {args.updates} updates each; runs' env: OMP_NUM_THREADS="
+          f"seed=1..N, {count(args.updates, 'update')} each; runs' env: OMP_NUM_THREADS="
           f"{env.get('OMP_NUM_THREADS', 'unset')}, OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')}")
     with tempfile.TemporaryDirectory(prefix="lnexp-bench-sharing-") as d:
         seq_root = Path(d) / "one_after_another"

@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench as B  # noqa: E402
 
+from lnexp.plural import count
+
 TARGET_HELP_S = 1.5
 HEAVY = ("torch", "fairseq", "hydra", "numpy")
 PROBE = ("import sys; from lnexp.cli import main; main(['--help']); "
@@ -51,7 +53,7 @@ def main() -> None:
     runs = 1 if args.quick else args.runs
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"# {time.strftime('%Y-%m-%d %H:%M')} | load avg (1/5/15 min) {load} | {os.cpu_count()} CPUs"
-          f" | {runs} runs each, after one untimed run (warm file cache)")
+          f" | {count(runs, 'run')} each, after one untimed run (warm file cache)")
     lnexp = lnexp_argv()
     rows = []
     for label, argv, target in [("lnexp --help", [*lnexp, "--help"], TARGET_HELP_S),

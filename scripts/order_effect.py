@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench as B  # noqa: E402
 
+from lnexp.plural import count
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -50,7 +52,7 @@ def main() -> None:
         mm = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key == "aten::mm") / 1e3
         rows.append([name, mm, wall * 1e3, f"{losses[-1]:.4f}"])
     print(f"# stock fairseq Pre-LN, 2+2 layers, {'fp32' if args.fp32 else 'bf16 (--bf16 cast)'}, "
-          f"{args.updates} updates each, the same batches; {args.threads} thread(s), profiler on")
+          f"{count(args.updates, 'update')} each, the same batches; {args.threads} thread(s), profiler on")
     print(B.table(["run", "aten::mm self ms", "wall ms", "last loss"], rows))
 
 

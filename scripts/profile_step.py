@@ -50,6 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _bench as B  # noqa: E402
 
+from lnexp.plural import count  # noqa: E402
+
 OTHER = "other (Python, autograd engine)"
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 CATEGORIES = [  # (label, predicate on the aten op name); first match wins, the rest is "other"
@@ -194,7 +196,7 @@ def cell(args) -> None:
     n = args.updates
     per = {"data (batch fetch)": data / n, "forward + loss": spent["forward"] / n,
            "backward": spent["backward"] / n, "optimizer (clip + step)": spent["optimizer"] / n,
-           f"norm tracking (every {cfg.track_every} updates)": track / n}
+           f"norm tracking (every {count(cfg.track_every, 'update')})": track / n}
     per["rest of fairseq's update"] = wall / n - sum(per.values())
     cell_updates = int(cfg.max_update)
     t = clock()
@@ -214,8 +216,8 @@ def cell(args) -> None:
     rows.append(["cell (extrapolated)", wall / n, total, 1.0])
     print(f"# mini atlas cell ({cfg.placement.name}, {cfg.depth.encoder_layers}+"
           f"{cfg.depth.decoder_layers} layers, {cfg.scale.max_tokens} tokens/batch, "
-          f"{torch.get_num_threads()} thread(s)): {n} updates timed after {args.warmup} untimed, "
-          f"x {cell_updates} updates; evaluation once (valid loss {valid.loss:.2f} bits)")
+          f"{torch.get_num_threads()} thread(s)): {count(n, 'update')} timed after {args.warmup} untimed, "
+          f"x {count(cell_updates, 'update')}; evaluation once (valid loss {valid.loss:.2f} bits)")
     print(B.table(["phase", "s/update", "s/cell", "share of the cell"], rows))
 
 
@@ -264,7 +266,8 @@ def main() -> None:
         for _ in range(args.warmup):
             trainer.step()
         print(f"# {'stock fairseq' if args.stock else 'lnexp'}, model {args.model}, {args.placement}, "
-              f"{args.updates} updates after {args.warmup}; overrides: {' '.join(args.override) or '-'}")
+              f"{count(args.updates, 'update')} after {args.warmup}; overrides: "
+              f"{' '.join(args.override) or '-'}")
         host_syncs(trainer, args.updates)
         return
     peak0 = B.matmul_peak(2048, "float32")
@@ -282,7 +285,7 @@ def main() -> None:
     rows.append(["(of which under Optimizer.step)", optimizer_s, optimizer_s / total])
     impl = "stock fairseq transformer" if args.stock else "lnexp ln_transformer"
     print(f"# {impl}, model {args.model} ({trainer.params() / 1e6:.1f}M params), {args.placement}: "
-          f"{args.updates} updates timed ({update_s:.3f} s each, {res['tok_s']:.0f} target tok/s), "
+          f"{count(args.updates, 'update')} timed ({update_s:.3f} s each, {res['tok_s']:.0f} target tok/s), "
           f"then {args.updates} profiled ({profiled_s:.3f} s each)")
     print(B.table(["category of aten ops (self time)", "s/update", "share"], rows))
     mm_s = cats[CATEGORIES[0][0]]

@@ -63,7 +63,8 @@ CASES = [
     ("train eval.beam=0", "eval.beam=0 must be a whole number >= 1"),
     # --- lnexp train: top-level keys ---------------------------------------------------------
     ("train seed=-1", "seed=-1 must be a whole number >= 0"),
-    ("train threads=-1", "threads=-1 must be a whole number >= 0"),  # and the run `default` keeps its status
+    # (and the run `default` keeps its status; 0 means what configs/train.yaml says)
+    ("train threads=-1", "threads=-1 must be a whole number >= 0 (0 = a fair share of the cores)"),
     ("train save_interval_updates=-5", "save_interval_updates=-5 must be a whole number of updates >= 0"),
     ("train residual_scale=inf", "residual_scale=inf must be a positive number"),
     ("train lr=nan", "lr=nan must be a positive number"),
@@ -307,6 +308,27 @@ def test_bad_input_is_one_line_exit_2_and_nothing_lost(line, needle, stdin, inpu
     assert [_files(d) for d in kept] == before  # no run folder, no rewritten status.json
 
 
+@pytest.mark.parametrize("line", ["train", "evaluate {trained}", "prepare multi30k --dir {small}",
+                                  "prepare multi30k --dir {small} --cache {bad}/notes.txt/sub"])
+def test_a_cache_that_is_a_file_is_one_line_naming_the_setting(line, inputs, request):
+    """LNEXP_CACHE (or --cache) naming a file, or a folder under one (issue 49: "[Errno 17] File
+    exists" and a traceback in error.log): one line naming the setting, exit 2, nothing written."""
+    from tests.conftest import lnexp_main
+
+    fill = {k: str(v) for k, v in inputs.items()}
+    fill["trained"] = str(request.getfixturevalue("tiny_run"))
+    argv = [a.format(**fill) for a in shlex.split(line)]
+    if argv[0] == "train":
+        argv.append(f"runs_root={inputs['root']}")
+    before = [_files(inputs["tmp"]), _files(Path(fill["trained"]))]
+    proc = lnexp_main(*argv, cache=inputs["bad"] / "notes.txt", check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    setting = "--cache" if "--cache" in line else "LNEXP_CACHE"
+    assert f"{setting}" in lines[0] and f"{inputs['bad']}/notes.txt is a file, not a folder" in lines[0]
+    assert [_files(inputs["tmp"]), _files(Path(fill["trained"]))] == before
+
+
 def test_the_table_covers_every_command():
     commands = {shlex.split(c[0])[0] for c in CASES}
     assert {"train", "results", "evaluate", "compare", "translate", "plot", "figure",
@@ -431,7 +453,7 @@ def small_disk(tmp_path):
     """A tmpfs mounted for the test (root only; skipped where mount is not permitted)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mnt)],
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", str(mnt)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
@@ -442,21 +464,19 @@ def small_disk(tmp_path):
 
 
 def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_multi30k, tmp_path):
-    """A run on a small file system: the save that does not fit (torch's writer), then a launch on
-    a disk entirely full (the lock file), each one line naming the file and the free space of the
-    run's file system, exit 2, no lock or temporary file left; with room again the same command
-    finishes the run and its error.log is gone."""
+    """A run on a small file system: a disk without room for the checkpoints the run will hold is
+    refused before its first update (issue 49: a 3 MB disk was found full only once the run had
+    trained), then a launch on a disk entirely full (the lock file), each one line naming the
+    folder and the free space of the run's file system, exit 2, no lock or temporary file left;
+    with room again the same command finishes the run and its error.log is gone. (A save that
+    does not fit all the same, torch's writer: test_torchs_checkpoint_writer_on_a_full_disk_is_its_oserror
+    and tests/test_run_folder.py.)"""
     import shutil
 
     from tests.conftest import TINY, lnexp_main
 
     train = ["train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={small_disk}", "threads=1"]
     cache = tmp_path / "cache"
-    first = lnexp_main(*[a for a in train if a != "max_epoch=2"], "max_epoch=1", cache=cache)
-    assert first.returncode == 0, first.stderr
-    (run,) = small_disk.iterdir()
-    ckpt = (run / "checkpoints" / "checkpoint_last.pt").stat().st_size
-    (run / "error.log").write_text("an earlier launch's traceback\n")
 
     def remount(size: int) -> None:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(small_disk)], check=True)
@@ -465,15 +485,31 @@ def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_mu
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr
         assert needle in lines[0] and "Traceback" not in proc.stderr + proc.stdout, lines[0]
-        left = [p.name for p in run.rglob("*") if ".tmp" in p.name or p.name.startswith(".lnexp-lock")]
+        left = [p.name for p in small_disk.rglob("*")
+                if ".tmp" in p.name or p.name.startswith(".lnexp-lock")]
         assert not left, left
         return lines[0]
 
+    one_epoch = [*(a for a in train if a != "max_epoch=2"), "max_epoch=1"]
+    remount(3 * 2**20)  # the fuzz's 3 MB disk: a fresh run is refused before its first update
+    line = one_line(lnexp_main(*one_epoch, cache=cache, check=False), "no room for this run's checkpoints")
+    assert "(6 of ~" in line and "the best and 2 epoch checkpoints), and " in line  # keep_last_epochs=2
+    assert " MB are free on " in line
+    assert not list(small_disk.glob("*/updates.csv")) and not list(small_disk.glob("*/checkpoints/*"))
+    remount(128 * 2**20)
+    first = lnexp_main(*one_epoch, cache=cache)
+    assert first.returncode == 0, first.stderr
+    (run,) = small_disk.iterdir()
+    ckpt = (run / "checkpoints" / "checkpoint_last.pt").stat().st_size
+    (run / "error.log").write_text("an earlier launch's traceback\n")
+
     used = shutil.disk_usage(small_disk).used
-    remount(used + ckpt // 2)  # room for half of the next checkpoint: torch's writer stops short
+    remount(used + ckpt // 2)  # room for half of the next checkpoint
+    trained = _files(run / "checkpoints"), (run / "updates.csv").read_bytes()
     line = one_line(lnexp_main(*train, cache=cache, check=False),
-                    f"cannot write {run}/checkpoints/checkpoint_last.pt: No space left on device (")
-    assert f"MB free on {run}/checkpoints): free some space" in line  # the run's file system
+                    f"no room for this run's checkpoints in {run}/checkpoints: they need ")
+    assert f" MB are free on {run}/checkpoints: free some space" in line  # the run's file system
+    assert (_files(run / "checkpoints"), (run / "updates.csv").read_bytes()) == trained  # none trained
     with open(small_disk / "filler", "wb", buffering=0) as f:  # the disk entirely full
         try:
             while True:
@@ -491,7 +527,7 @@ def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_mu
         runlock.acquire(run)  # a lock that cannot be written is not left empty
     assert _files(small_disk) == before
     (small_disk / "filler").unlink()
-    remount(used + 4 * ckpt)
+    remount(used + 5 * ckpt)  # room for the 6 checkpoints the run holds at once, 2 of them there
     done = lnexp_main(*train, cache=cache)
     assert done.returncode == 0, done.stderr
     assert '"done"' in (run / "status.json").read_text() and not (run / "error.log").exists()

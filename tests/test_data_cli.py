@@ -136,6 +136,47 @@ def test_a_runs_iwslt14_data_found_by_key_else_one_line_naming_the_command(tmp_p
         f"{VOCAB}` (the same files), or set LNEXP_CACHE to the cache it trained with")
 
 
+def test_a_damaged_iwslt14_preparation_is_one_line_naming_the_command_that_rebuilds_it(
+        tmp_path, capsys, monkeypatch):
+    """A corpus lnexp cannot prepare on its own (its raw files are an archive `lnexp prepare` was
+    given): a file of its preparation cut short is refused, by training and by a run's evaluation,
+    in one line naming the file and the command; that command rebuilds the damaged stage only."""
+    import pytest
+
+    from lnexp.config import compose
+    from lnexp.data import registry
+    from lnexp.errors import DataError
+
+    files, _ = release_files()
+    archive = write_tgz(tmp_path / "de-en.tgz", files)
+    cache = tmp_path / "cache"
+    args = ("iwslt14", "--archive", str(archive), "--vocab-size", str(VOCAB), "--cache", str(cache))
+    assert prepare(capsys, *args)[0] == 0
+    monkeypatch.setenv("LNEXP_CACHE", str(cache))
+    data = registry.load_for_training(compose(["dataset=iwslt14_de_en",
+                                               f"dataset.vocab_size={VOCAB}"], check=False).dataset)
+    damaged = Path(data.bin_dir) / "test.de-en.en.idx"
+    damaged.write_bytes(damaged.read_bytes()[:-8])
+    command = (f"`lnexp prepare iwslt14 --archive {archive} --subword sentencepiece --vocab-size "
+               f"{VOCAB}`")
+    with pytest.raises(DataError) as e:
+        registry.load_for_training(compose(["dataset=iwslt14_de_en", f"dataset.vocab_size={VOCAB}"],
+                                           check=False).dataset)
+    assert str(e.value).startswith(f"{damaged} is {damaged.stat().st_size:,} bytes, not the ")
+    assert str(e.value).endswith(f"prepare it again, {command} (its damaged stages are rebuilt)")
+    dataset = {"corpus": "iwslt14", "src": "de", "tgt": "en", "subword": "sentencepiece",
+               "vocab_size": VOCAB}
+    from dataclasses import asdict
+
+    with pytest.raises(DataError) as e:
+        registry.for_run(asdict(data), dataset, lambda d: None, "runs/x")
+    assert f"runs/x's prepared iwslt14_de_en (key {data.key}) is damaged ({damaged} is " in str(e.value)
+    assert f"run {command} (the same files)" in str(e.value) and "\n" not in str(e.value)
+    rc, out, err = prepare(capsys, *args)
+    assert rc == 0 and "rebuilt: bin" in out and f"{damaged} is " in err
+    assert registry.for_run(asdict(data), dataset, lambda d: None, "runs/x").key == data.key
+
+
 def test_env_cache_is_the_default(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "envcache"))
     files, _ = release_files()
@@ -186,7 +227,7 @@ def test_wmt14_and_multi30k_bad_inputs_one_line_exit_2(tmp_path, capsys):
     _one_line_error(capsys, cache, "wmt14", "--dir", str(tmp_path / "nowhere"), match="nowhere")
     root = make_wmt(tmp_path / "wmt14")
     (root / "training" / "europarl-v7.de-en.en").write_text("only one line\n")
-    _one_line_error(capsys, cache, "wmt14", "--dir", str(root), match="europarl-v7.de-en.en has 1 lines")
+    _one_line_error(capsys, cache, "wmt14", "--dir", str(root), match="europarl-v7.de-en.en has 1 line but")
     m30k = tmp_path / "m30k"
     m30k.mkdir()
     for stem in ("train", "val", "test_2016_flickr"):

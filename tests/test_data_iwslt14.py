@@ -233,7 +233,7 @@ def test_subword_nmt_merges(tmp_path):
 def test_vocab_too_large_says_what_to_do(tmp_path):
     files, _ = release_files()
     archive = write_tgz(tmp_path / "de-en.tgz", files)
-    with pytest.raises(DataError, match=r"at most \d+\): pass a smaller --vocab-size"):
+    with pytest.raises(DataError, match=r"at most (\d+)\): pass --vocab-size \1 or less$"):
         iwslt14.prepare(archive, vocab_size=10000, root=tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*/subword"))
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -173,3 +175,139 @@ def test_results_leave_out_a_record_that_scored_another_test_set(trained, tmp_pa
         (copy / "eval" / f"test.{name}").mkdir()
         (copy / "eval" / f"test.{name}" / "record.json").write_text(json.dumps(stale))
     assert load_run(copy).test["bleu"] == own["bleu"]
+
+
+def cut(path: Path) -> None:
+    """``path`` cut to half its size, as a full disk or a copy that stopped leaves it."""
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def moved(run: Path, tmp: Path) -> tuple[Path, Path]:
+    """A copy of ``run`` and of its prepared folder, in a cache of its own that its run.json names
+    (damaged by a test without touching the module's run). Returns (run copy, that cache)."""
+    prepared = prepared_folder(run)
+    cache = tmp / "cache"
+    shutil.copytree(prepared, cache / prepared.name)
+    copy = tmp / "runs" / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
+    info = json.loads((copy / "run.json").read_text())
+    for k in ("bin_dir", "text_dir", "subword_model"):
+        info["data"][k] = str(cache / prepared.name / Path(info["data"][k]).relative_to(prepared))
+    (copy / "run.json").write_text(json.dumps(info))
+    return copy, cache
+
+
+@pytest.mark.parametrize("part", ["bin/test.de-en.de.bin", "bin/test.de-en.en.idx", "text/test.en"])
+def test_damaged_prepared_data_is_rebuilt_from_the_raw_files_or_named(trained, tmp_path, part):
+    """A file of the run's prepared data cut short since its stage made it (issue 49: evaluate
+    printed numpy's traceback, or scored short references): with the raw files gone, one line
+    names the file and the fix and nothing is scored; with them, the stage is rebuilt and the run
+    scores as it did."""
+    _, run, _, raw, _, before = trained
+    copy, cache = moved(run, tmp_path)
+    damaged = prepared_folder(copy) / part
+    cut(damaged)
+    info = json.loads((copy / "run.json").read_text())
+    info["config"]["dataset"]["dir"] = str(tmp_path / "deleted_raw")
+    (copy / "run.json").write_text(json.dumps(info))
+    proc = lnexp_main("evaluate", str(copy), "--beam", "1", cache=cache, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{damaged} is {damaged.stat().st_size:,} bytes, not the" in lines[0]
+    assert "put its raw files back in" in lines[0] and "deleted_raw" in lines[0]
+    assert not (copy / "eval").exists()
+    info["config"]["dataset"]["dir"] = str(raw)
+    (copy / "run.json").write_text(json.dumps(info))
+    assert decoded(copy, cache) == evaluated(before)
+    assert damaged.stat().st_size == (prepared_folder(run) / part).stat().st_size  # rebuilt
+
+
+def test_train_rebuilds_a_damaged_stage_of_its_data(trained, tmp_path):
+    """lnexp train on a prepared corpus whose training .bin was cut short (issue 49: "bin: up to
+    date, nothing to do", then "offset must be non-negative"): the stage is built again, the run
+    trains."""
+    _, run, cache, raw, _, _ = trained
+    prepared = prepared_folder(run)
+    shutil.copytree(prepared, tmp_path / "cache" / prepared.name)
+    damaged = tmp_path / "cache" / prepared.name / "bin" / "train.de-en.de.bin"
+    cut(damaged)
+    tiny = [o for o in TINY if not o.startswith(("max_epoch=", "checkpoint.keep_last_epochs="))]
+    proc = lnexp_main("train", f"dataset.dir={raw}", *tiny, "max_epoch=1", "max_update=1",
+                      "eval.subset=2", f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache")
+    assert proc.returncode == 0
+    (new,) = (tmp_path / "runs").iterdir()
+    said = (new / "lnexp.log").read_text()
+    assert f"{damaged} is " in said and "recorded: building the stage again" in said, said
+    assert "bin: up to date" not in said
+    assert damaged.stat().st_size == (prepared / "bin" / "train.de-en.de.bin").stat().st_size
+    assert json.loads((new / "status.json").read_text())["updates"] == 1
+
+
+@pytest.fixture
+def read_only(tmp_path):
+    """``(folder, seal)``: a folder to fill, then ``seal()`` makes it read-only as a read-only file
+    system does, for root too (a tmpfs remounted read-only; skipped where mount is not permitted);
+    for another user, without its write permission."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        yield folder, lambda: subprocess.run(["chmod", "-R", "a-w", str(folder)], check=True)
+        subprocess.run(["chmod", "-R", "u+w", str(folder)], check=False)
+        return
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield folder, lambda: subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def test_a_read_only_cache_that_holds_the_data_is_used_and_one_without_it_named(
+        trained, tmp_path, read_only):
+    """LNEXP_CACHE on a read-only file system (issue 49): where it holds the prepared corpus, a run
+    trains on it and evaluates (nothing written there, no lock); where it does not, one line names
+    LNEXP_CACHE, not runs_root= or a checkpoint."""
+    _, run, _, raw, _, _ = trained
+    cache, seal = read_only
+    prepared = prepared_folder(run)
+    shutil.copytree(prepared, cache / prepared.name)
+    (cache / "empty").mkdir()
+    seal()
+    with pytest.raises(OSError):
+        (cache / "probe").write_text("")
+    tiny = [o for o in TINY if not o.startswith(("max_epoch=", "checkpoint.keep_last_epochs="))]
+    train = ["train", f"dataset.dir={raw}", *tiny, "max_epoch=1", "max_update=2", "eval.subset=8"]
+    lnexp_main(*train, f"runs_root={tmp_path / 'runs'}", cache=cache)
+    (again,) = (tmp_path / "runs").iterdir()
+    assert prepared_folder(again) == cache / prepared.name
+    assert decoded(again, cache)["n"] == SIZES["test_2016_flickr"]
+    assert sorted(p.name for p in cache.iterdir()) == ["empty", prepared.name]
+    proc = lnexp_main(*train, f"runs_root={tmp_path / 'runs2'}", cache=cache / "empty", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"cannot write {cache / 'empty'}/" in lines[0] and "LNEXP_CACHE" in lines[0]
+    assert "runs_root" not in lines[0] and "checkpoint" not in lines[0]
+
+
+def test_compare_refuses_runs_on_different_data_before_decoding_either(trained, tmp_path):
+    """Two runs whose test references differ (another corpus of the same sizes and vocabulary):
+    one line, and nothing decoded (issue 49: both test sets were decoded, then refused)."""
+    tmp, run, cache, _, _, _ = trained
+    copy, own = moved(run, tmp_path)
+    out = lnexp_main("prepare", "multi30k", "--dir", str(tmp / "foreign"), "--vocab-size", "600",
+                     cache=own).stdout
+    theirs = Path(out.split("binarised data: ")[1].splitlines()[0]).parent
+    info = json.loads((copy / "run.json").read_text())
+    info["data"] = {**json.loads((theirs / "prepared.json").read_text()),
+                    "counts": info["data"]["counts"]}
+    info["config"]["dataset"]["dir"] = str(tmp / "foreign")
+    (copy / "run.json").write_text(json.dumps(info))
+    before = sorted(p.name for p in (run / "eval").iterdir())
+    proc = lnexp_main("compare", str(run), str(copy), "--beam", "1", cache=own, check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "were trained on different data" in lines[0] and "test references differ" in lines[0]
+    assert "decoding" not in proc.stderr and not (copy / "eval").exists()
+    assert sorted(p.name for p in (run / "eval").iterdir()) == before

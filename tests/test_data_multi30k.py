@@ -55,3 +55,18 @@ def test_vocab_change_rebuilds_subword_and_bin_only(prepared):
     assert after["text"] == before["text"]
     assert after["subword"] != before["subword"] and after["bin"] != before["bin"]
     assert again.counts == data.counts
+
+
+@pytest.mark.parametrize("vocab, fix", [("3", "train with dataset.vocab_size=75 or more"),
+                                        ("100000", "train with dataset.vocab_size=12546 or less")])
+def test_training_names_its_own_vocabulary_override(small_multi30k, tmp_path, vocab, fix):
+    """A vocabulary the training text cannot give, asked by `lnexp train`: one line naming
+    dataset.vocab_size= with the sizes that work (issue 49: it named `lnexp prepare`'s
+    --vocab-size)."""
+    from tests.conftest import lnexp_main
+
+    proc = lnexp_main("train", f"dataset.dir={small_multi30k}", f"dataset.vocab_size={vocab}",
+                      f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache", check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith("[")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].endswith(fix) and "--vocab-size" not in lines[0]

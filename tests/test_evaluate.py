@@ -304,6 +304,30 @@ def test_compare_equals_sacrebleus_paired_tests(tiny_run, capsys):
     assert r["a"]["bleu"] == pytest.approx(r["metrics"]["BLEU"]["a"], abs=1e-9)
 
 
+def test_compare_reuses_what_evaluate_scored_and_prints_no_sacrebleu_chatter(tiny_run, tmp_path,
+                                                                            capsys):
+    """`lnexp compare` right after `lnexp evaluate` of both sides with the same settings decodes
+    nothing again (issue 49: it decoded a run evaluate had just scored) and prints no sacreBLEU
+    INFO lines (it printed 12); a checkpoint written since is decoded anew."""
+    import shutil
+
+    run = tmp_path / tiny_run.name
+    shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns("eval"))
+    records = [evaluate(capsys, run, "--checkpoint", c, "--split", "valid", "--beam", "1")
+               for c in ("best", "last")]
+    written = [Path(r["hyps"]).stat().st_mtime_ns for r in records]
+    compare = ["compare", f"{run}@best", f"{run}@last", "--split", "valid", "--beam", "1",
+               "--bs-n", "20", "--ar-n", "20"]
+    proc = lnexp_cmd(*compare, cache=tiny_run.parents[1] / "cache")  # a process: what a user reads
+    assert proc.stderr.count("its hypotheses are used, not decoded again") == 2, proc.stderr
+    assert "decoding valid" not in proc.stderr and "INFO" not in proc.stdout + proc.stderr
+    assert [Path(r["hyps"]).stat().st_mtime_ns for r in records] == written
+    last = run / "checkpoints" / "checkpoint_last.pt"
+    os.utime(last, ns=(last.stat().st_atime_ns, last.stat().st_mtime_ns + 10**9))  # saved again
+    rc, _, err = lnexp(capsys, *compare)
+    assert rc == 0 and err.count("not decoded again") == 1 and "decoding valid" in err, err
+
+
 @pytest.mark.parametrize("args, needle", [
     (["{run}", "{tmp}/nowhere"], "is not a run folder"),
     (["{run}@avg9", "{run}"], "needs 9 epoch checkpoints"),
@@ -378,7 +402,10 @@ def test_two_run_legend_holds_only_the_keys_that_differ(tmp_path, capsys):
 
     from lnexp import run_names
 
-    runs = {"default": ["max_epoch=2"], "placement=pre_ln": ["placement=pre_ln", "warmup=0"]}
+    # (the second trained briefly, as a new user tries a run first: keys that do not name a run
+    # are not in the legend, issue 49)
+    runs = {"default": ["max_epoch=2"],
+            "placement=pre_ln": ["placement=pre_ln", "warmup=0", "max_update=50", "eval.subset=20"]}
     with run_names.composing() as compose_raw:
         for name, overrides in runs.items():
             raw = run_names.task_config(compose_raw(overrides))
@@ -396,3 +423,20 @@ def test_two_run_legend_holds_only_the_keys_that_differ(tmp_path, capsys):
     assert labels == {"placement=post_ln, warmup=100", "placement=pre_ln, warmup=0"}
     width = imread(out.with_suffix(".png")).shape[1]
     assert width <= 2 * 4.2 * 150  # two panels of 4.2 in at 150 dpi: the legend adds no width
+
+
+def test_a_zero_difference_is_never_significant():
+    """Two different systems that both score BLEU 0.00: every resample scores them alike, none
+    beats the observed difference strictly, and sacreBLEU's p-value is its smallest, 1/(n+1);
+    lnexp compare reports p = 1 for that metric (chrF, which does differ, keeps its p-values)."""
+    from lnexp.evaluation.compare import no_difference, paired_tests
+
+    refs = ["a dog runs on the grass", "two men play football", "a woman reads a book"] * 4
+    hyps_a = ["cat", "three", "bird"] * 4  # no 4-gram match: BLEU 0
+    hyps_b = ["dog", "men", "woman"] * 4  # other words, still BLEU 0
+    result = paired_tests(hyps_a, hyps_b, refs, ("a", "b"), {"bs": 50, "ar": 50})
+    bleu, chrf = result["metrics"]["BLEU"], result["metrics"]["chrF2"]
+    assert bleu["a"] == bleu["b"] == 0.0 and bleu["p_ar"] < 0.05  # sacreBLEU's own verdict
+    no_difference(result, identical=False)
+    assert bleu["p_bs"] == bleu["p_ar"] == 1.0
+    assert chrf["diff"] != 0 and chrf["p_ar"] < 1.0

@@ -104,7 +104,7 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
            if r["setting"] == "kan"}
     assert kan == {(p, dt, s) for p, dt in (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
                    for s in ("init", "trained")}
-    assert "short runs here: 1 updates" in checks["meta"]["kan"]["after_training"]
+    assert "short runs here: 1 update of" in checks["meta"]["kan"]["after_training"]
 
 
 def test_fig3_whole_zoo(small_multi30k, cache, tmp_path, monkeypatch):

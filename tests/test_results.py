@@ -157,6 +157,23 @@ def test_group_by_gives_seed_statistics_per_group(tmp_path, capsys):
         main(["--runs-root", str(root), "--group-by", "placment"])
 
 
+def test_a_groups_varies_names_config_values_not_text_or_reporting(tmp_path, capsys):
+    """--group-by's "varies" names the config values that differ inside a group (issue 49 found
+    `placement.about.color` there): not a placement's description, not how a run reports."""
+    from lnexp.results import main
+
+    root = tmp_path / "runs"
+    about = {"post_ln": {"label": "Post-LN", "color": "#1f77b4"},
+             "pre_ln": {"label": "Pre-LN", "color": "#ff7f0e"}}
+    for name, placement, seed, subset in (("a", "post_ln", 1, 0), ("b", "pre_ln", 1, 100),
+                                          ("c", "post_ln", 2, 0)):
+        fake_run(root, name, "fig4_mini", seed=seed, extra={
+            "placement": {"name": placement, "about": about[placement]}, "eval": {"subset": subset}})
+    assert main(["--runs-root", str(root), "--group-by", "seed", "--csv", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert {r["seed"]: r["varies"] for r in rows} == {"1": "placement.name", "2": ""}
+
+
 def test_group_by_never_pools_runs_of_another_length_or_status(tmp_path, capsys):
     """A 5-update trial run, or a diverged seed, is never averaged with the finished 256-update
     runs of its group (issue 42: `post_ln 10.104 ± 40.462` pooled both): each length and status

@@ -221,3 +221,32 @@ def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
     status = rundir.read_json(rundir.run_paths(run)["status"])
     assert status["status"] == "stopped" and status["updates"] == 4
     assert "threads: 1 (threads=1 given)" in out
+
+
+def test_a_resume_never_trains_past_max_update_whatever_its_status_says(
+        tmp_path, small_multi30k, cache, monkeypatch, capsys):
+    """A run stopped at max_update=2, run again with the same command after its status.json was
+    damaged, or left saying running at its last checkpoint (a kill after that checkpoint, before
+    the final status), trains no update: the status is written again from the checkpoint."""
+    monkeypatch.setenv("LNEXP_CACHE", str(cache))
+    monkeypatch.setenv("LNEXP_ACTIVE_DIR", str(tmp_path / "active"))
+    runs = tmp_path / "runs"
+    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=2", f"runs_root={runs}"]
+    assert _train(argv) == 0
+    (run,) = runs.iterdir()
+    paths = rundir.run_paths(run)
+    first = rundir.read_json(paths["status"])
+    assert first["status"] == "stopped" and first["updates"] == 2
+    killed = {"status": "running", "epoch": 1, "updates": 2, "resumes_from": 2, "pid": _dead_pid(),
+              "host": os.uname().nodename, "heartbeat": time.time(), "stale_after_s": 600}
+    for left in ('{"status": "stop', json.dumps(killed)):
+        paths["status"].write_text(left)
+        capsys.readouterr()
+        assert _train(argv) == 0
+        said = "".join(capsys.readouterr()) + _log_text(run)
+        assert "nothing to train" in said and "resuming" not in said
+        status = rundir.read_json(paths["status"])
+        assert {k: status[k] for k in ("status", "epoch", "updates", "max_update")} == {
+            "status": "stopped", "epoch": 1, "updates": 2, "max_update": 2}
+        assert [int(r["update"]) for r in rundir.read_updates(paths["updates"])] == [1, 2]
+        assert [r["updates"] for r in rundir.read_metrics(paths["metrics"])] == [2]

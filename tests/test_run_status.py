@@ -106,7 +106,7 @@ def test_the_plateau_rule_applies_from_its_epoch_and_update_and_judges_each_epoc
     rule = PlateauRule(entropy_bits=7.5, plateau_epoch=2, margin_bits=0.5, min_updates=100)
     assert not rule.applies(1, 500) and not rule.applies(2, 99) and rule.applies(2, 100)
     assert rule.not_applied(2, 16) == "not applied: 16 updates < divergence.plateau_min_updates=100"
-    assert rule.not_applied(1, 500) == "not applied: 1 epochs < divergence.plateau_epoch=2"
+    assert rule.not_applied(1, 500) == "not applied: 1 epoch < divergence.plateau_epoch=2"  # (not "1 epochs")
     assert rule.not_applied(3, 400) is None
     on = rule.verdict({"valid_nll_loss": 7.2, "updates": 120, "epoch": 2})
     assert on == {"reason": "valid nll 7.20 bits >= unigram entropy 7.50 - 0.5", "update": 120,

@@ -90,10 +90,16 @@ def test_progress_line_and_sweep_size(tmp_path):
         (tmp_path / name).mkdir()
         status = "running" if name == "c" else "done"
         (tmp_path / name / "status.json").write_text(
-            f'{{"status": "{status}", "epoch": {epochs}, "wall_s": {wall}}}')
+            f'{{"status": "{status}", "epoch": {epochs}, "updates": {50 * epochs}, "wall_s": {wall}}}')
     # 150 s per epoch (a, b) x 4 epochs x the 4 jobs left (this one included)
     assert progress.sweep_eta(tmp_path, 2, 6, 4) == \
         "~40m00s left (4 epochs per run, mean epoch time of 2 finished runs of this sweep)"
+    # a sweep of 5-update trials (issue 49: "~16m24s" for a sweep that took 25 s): 3 s per update
+    # (a, b) x 5 updates x the 4 jobs left, not their epochs' length
+    assert progress.sweep_eta(tmp_path, 2, 6, 4, max_update=5) == (
+        "~1m00s left (4 epochs or max_update=5 per run, mean update and epoch times of 2 finished "
+        "runs of this sweep)")
+    assert progress.sweep_eta(tmp_path, 2, 6, 1, max_update=500).startswith("~10m00s left")  # epochs
     assert progress.sweep_eta(tmp_path, 2, 6, 4, parallel=2).startswith("~20m00s left")  # joblib n_jobs=2
     assert progress.message("x", 1, 2, 150.0, 2, 6, parallel=2) == \
         "run 3/6 x | epoch 1/2 | run left ~2m30s | sweep left ~10m00s"  # 2m30 + 3 runs x 5m / 2
@@ -102,7 +108,7 @@ def test_progress_line_and_sweep_size(tmp_path):
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     os.utime(tmp_path / "multirun.yaml", (time.time() - 60, time.time() - 60))
     assert progress.sweep_eta(tmp_path, 2, 6, 4).startswith("~40m00s left (4 epochs per run, mean epoch "
-                                                            "time of 1 finished runs of this sweep")
+                                                            "time of 1 finished run of this sweep)")
     hc = OmegaConf.create({"launcher": {"n_jobs": -1}})
     assert progress.parallel_jobs(hc) == os.cpu_count()
     assert progress.parallel_jobs(OmegaConf.create({"launcher": {"_target_": "basic"}})) == 1

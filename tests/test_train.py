@@ -317,15 +317,16 @@ def test_a_trial_run_says_stopped_and_the_full_run_extends_it(tmp_path, small_mu
     from tests.conftest import TINY, lnexp_main
 
     runs, cache = tmp_path / "runs", tiny_run.parents[1] / "cache"
-    lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", f"runs_root={runs}",
-               cache=cache)
+    trial = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3",
+                       f"runs_root={runs}", cache=cache).stdout
     (run_dir,) = runs.iterdir()
+    assert f"{run_dir}: stopped after 1 epoch\n" in trial  # (counts are said as a reader says them)
     status = json.loads((run_dir / "status.json").read_text())
     assert status["status"] == "stopped" and status["updates"] == 3 and not status["last_epoch_complete"]
     listed = lnexp_main("results", str(runs), cache=cache).stdout  # the runs root given as a word
     (row,) = [line for line in listed.splitlines() if line.startswith(run_dir.name)]
     assert row.endswith(" stopped  stopped at 3 updates, 1/2 epochs: max_update=3")
-    assert listed.splitlines()[-1].startswith("1 runs: 1 stopped")
+    assert listed.splitlines()[-1].startswith("1 run: 1 stopped")
     assert results([str(runs), "status=stopped", "--csv", str(tmp_path / "r.csv")]) == 0
     assert [r["note"] for r in csv.DictReader(open(tmp_path / "r.csv"))] == [
         "stopped at 3 updates, 1/2 epochs: max_update=3"]

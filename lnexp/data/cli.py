@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lnexp import logs
 from lnexp.data import registry
-from lnexp.data.cache import cache_root
+from lnexp.data.cache import cache_root, checked_root, writing
 from lnexp.data.corpus import STAGES, Corpus
 from lnexp.data.subword import SUBWORDS
 from lnexp.data.text import SPLITS
@@ -86,13 +86,15 @@ def _stamp(stage_dir: Path) -> int | None:
 
 def run(args: argparse.Namespace):
     """Prepare the chosen corpus; returns (PreparedData, the stages built, not found or linked)."""
-    root = (args.cache or cache_root()).resolve()
+    root = checked_root(args.cache, f"--cache {args.cache}", "give --cache a folder") \
+        if args.cache else cache_root()
     corpus = registry.get(args.corpus)
     vocab = args.vocab_size or registry.default_vocab(args.corpus)
     before = {(s, _stamp(d / s)) for d in root.iterdir() if d.is_dir()
               for s in STAGES} if root.is_dir() else set()
-    data = corpus.prepare(**{o.dest: getattr(args, o.dest) for o in corpus.options},
-                          subword=args.subword, vocab_size=vocab, root=root)
+    with writing("--cache" if args.cache else "LNEXP_CACHE"):
+        data = corpus.prepare(**{o.dest: getattr(args, o.dest) for o in corpus.options},
+                              subword=args.subword, vocab_size=vocab, root=root)
     rebuilt = [s for s in STAGES if (s, _stamp(data.folder / s)) not in before]
     return data, rebuilt
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from lnexp.data import binarize
 from lnexp.data.binarize import binarize_stage
-from lnexp.data.cache import cache_root, cached_stage, fingerprint, link_tree, stage_key
+from lnexp.data.cache import cache_root, cached_stage, fingerprint, link_tree, stage_damage, stage_key
 from lnexp.data.subword import piece_decoder, subword_stage
 from lnexp.data.text import SPLITS, read_lines, split_files, write_atomic
 
@@ -58,7 +58,15 @@ class PreparedData:
         return Path(self.bin_dir).parent
 
     def save(self, root: Path) -> None:
-        write_atomic(root / PREPARED, json.dumps(asdict(self), indent=1))
+        """prepared.json, unless the one there says the same of this folder already (its paths may
+        be those of where the cache was before it moved: every reader takes them ``in_folder``),
+        so that a read-only cache that holds the prepared corpus is used as it is."""
+        try:
+            same = in_folder(PreparedData.load(root), root) == in_folder(self, root)
+        except (OSError, ValueError, TypeError):
+            same = False
+        if not same:
+            write_atomic(root / PREPARED, json.dumps(asdict(self), indent=1))
 
     @classmethod
     def load(cls, root: Path) -> PreparedData:
@@ -69,6 +77,11 @@ class PreparedData:
         """From prepared.json or a run's run.json `data` (of this lnexp or an older one)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in record.items() if k in known})
+
+    def damage(self) -> str | None:
+        """A file of its stages cut short or gone since the stage made it (``stage_damage``);
+        None where every stage has the files it recorded."""
+        return next((d for stage in STAGES if (d := stage_damage(self.folder / stage))), None)
 
     def references(self, split: str) -> list[str]:
         return read_lines(Path(self.text_dir) / f"{split}.{self.tgt}")

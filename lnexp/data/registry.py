@@ -6,6 +6,7 @@ them, and a new corpus is its module and its YAML.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import importlib
 import logging
@@ -15,9 +16,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from lnexp.data.cache import cache_root
+from lnexp.data.cache import cache_root, writing
 from lnexp.data.corpus import PREPARED, Corpus, PreparedData, adopt, folders, in_folder, legacy_data
+from lnexp.data.subword import VocabularySize
 from lnexp.errors import ConfigError, DataError
+from lnexp.plural import count
 
 log = logging.getLogger("lnexp.data")
 
@@ -75,9 +78,18 @@ def get(name: str) -> Corpus:
 
 @contextmanager
 def file_lock(path: Path):
-    """Serialise preparation between the parallel runs of a sweep."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
+    """Serialise preparation between the parallel runs of a sweep. In a cache this process cannot
+    write there is nothing to serialise: its prepared data is read as it is (a stage it would have
+    to build fails as such, naming LNEXP_CACHE)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a")
+    except OSError as e:
+        if e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise
+        yield
+        return
+    with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -86,7 +98,9 @@ def file_lock(path: Path):
 
 
 def check_available(dataset) -> None:
-    """Fail before any run starts if the corpus is neither shipped, given, nor prepared."""
+    """Fail before any run starts if the corpus is neither shipped, given, nor prepared, or if
+    LNEXP_CACHE is no folder."""
+    cache_root()
     corpus = get(dataset.corpus)
     if corpus.check_dataset is not None:
         corpus.check_dataset(dataset)
@@ -95,8 +109,8 @@ def check_available(dataset) -> None:
 
 
 def _describe(data: PreparedData) -> str:
-    return (f"{data.subword} {data.vocab_size} (train {data.counts.get('train', 0):,} pairs, "
-            f"{data.folder.name})")
+    pairs = count(data.counts.get("train", 0), "pair", spec=",")
+    return f"{data.subword} {data.vocab_size} (train {pairs}, {data.folder.name})"
 
 
 def _find_prepared(dataset) -> PreparedData:
@@ -116,7 +130,8 @@ def _find_prepared(dataset) -> PreparedData:
         if data.key:
             data = in_folder(data, f.parent)
         else:
-            data = adopt(f.parent, root)
+            with writing():
+                data = adopt(f.parent, root)
             if data is None:
                 log.warning("%s: an older lnexp's folder whose stages do not check out: not used "
                             "(prepare it again: %s)", f.parent, hint)
@@ -140,6 +155,9 @@ def _find_prepared(dataset) -> PreparedData:
                     "%s; not %s (delete the folders not wanted, or set LNEXP_CACHE)", len(match),
                     dataset.name, dataset.subword, vocab, match[0].folder,
                     ", ".join(str(d.folder) for d in match[1:]))
+    if (damage := match[0].damage()) is not None:
+        raise DataError(f"{damage}: prepare it again, `{match[0].command or hint}` (its damaged "
+                        "stages are rebuilt)")
     return match[0]
 
 
@@ -164,11 +182,15 @@ def for_run(recorded: dict[str, Any], dataset: dict[str, Any],
     raw = ds.get("dir") or "the shipped copy"
     keep = "or set LNEXP_CACHE to the cache it trained with"
     if want.key:
+        damage = None
         for folder in (want.folder, root / f"{want.name}-{want.key}"):
             data = PreparedData.load(folder) if (folder / PREPARED).is_file() else None
             if data is not None and data.key == want.key:
-                return in_folder(data, folder)
-        where = f"{run} trained on {want.name} (key {want.key}), which is not in {root}"
+                data = in_folder(data, folder)
+                if (damage := data.damage()) is None:
+                    return data
+        where = (f"{run}'s prepared {want.name} (key {want.key}) is damaged ({damage})" if damage
+                 else f"{run} trained on {want.name} (key {want.key}), which is not in {root}")
         if not rebuildable:
             how = want.command or corpus.hint or f"lnexp prepare {ds.corpus}"
             raise DataError(f"{where}: run `{how}` (the same files), {keep}")
@@ -180,8 +202,9 @@ def for_run(recorded: dict[str, Any], dataset: dict[str, Any],
         if now != want.key:
             raise DataError(f"{where}, and its raw files in {raw} have changed since (they give key "
                             f"{now}): put the run's own files back, {keep}")
-        log.warning("%s: its prepared data is not in %s: rebuilding it from %s", run, root, raw)
-        with file_lock(root / ".prepare.lock"):
+        log.warning("%s: rebuilding it from %s", where if damage else
+                    f"{run}: its prepared data is not in {root}", raw)
+        with writing(), file_lock(root / ".prepare.lock"):
             return corpus.prepare_dataset(ds, root)
     derived = None
     if rebuildable:
@@ -202,14 +225,14 @@ def for_run(recorded: dict[str, Any], dataset: dict[str, Any],
             continue
         if (data.src, data.tgt, data.subword) != (want.src, want.tgt, want.subword):
             continue
-        problem = check(data)
+        problem = data.damage() or check(data)
         if problem is None:
             return data
         tried.append(f"{folder}: {problem}")
     if derived:
         log.warning("%s: no prepared %s in %s is its data: rebuilding it from %s", run, want.name,
                     root, raw)
-        with file_lock(root / ".prepare.lock"):
+        with writing(), file_lock(root / ".prepare.lock"):
             data = corpus.prepare_dataset(ds, root)
         problem = check(data)
         if problem is None:
@@ -224,11 +247,16 @@ def for_run(recorded: dict[str, Any], dataset: dict[str, Any],
 
 
 def load_for_training(dataset) -> PreparedData:
+    """The dataset's prepared corpus: prepared (or its damaged stages rebuilt) where the corpus is
+    prepared on first use, else found and checked."""
     root = cache_root()
     corpus = get(dataset.corpus)
-    with file_lock(root / ".prepare.lock"):
-        if corpus.prepare_dataset is not None:
-            return corpus.prepare_dataset(dataset, root)
+    if corpus.prepare_dataset is not None:
+        with writing(), file_lock(root / ".prepare.lock"):
+            try:
+                return corpus.prepare_dataset(dataset, root)
+            except VocabularySize as e:  # training's setting, not lnexp prepare's --vocab-size
+                raise DataError(e.say("train with dataset.vocab_size=")) from None
     return _find_prepared(dataset)
 
 

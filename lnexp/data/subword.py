@@ -7,6 +7,7 @@ from pathlib import Path
 
 from lnexp.data.cache import cached_stage
 from lnexp.data.text import SPLITS, progress, read_lines, split_files, write_lines
+from lnexp.errors import DataError
 
 SUBWORDS = ("sentencepiece", "subword_nmt")
 SPM_MODEL = "spm.model"
@@ -44,6 +45,18 @@ def settings(kind: str, vocab_size: int) -> dict:
     return {"kind": kind, "vocab": vocab_size}
 
 
+class VocabularySize(DataError):
+    """A vocabulary size the training text cannot give: ``say(how)`` names the setting to change,
+    ``lnexp prepare``'s ``--vocab-size`` (the message) or training's ``dataset.vocab_size=``."""
+
+    def __init__(self, problem: str, sizes: str) -> None:
+        self.problem, self.sizes = problem, sizes
+        super().__init__(self.say("pass --vocab-size "))
+
+    def say(self, how: str) -> str:
+        return f"{self.problem}: {how}{self.sizes}"
+
+
 def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str], str]:
     import re
 
@@ -60,20 +73,18 @@ def _train_spm(train: list[Path], out: Path, vocab_size: int) -> Callable[[str],
             bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, minloglevel=2,
         )
     except RuntimeError as e:
-        from lnexp.errors import DataError
-
         most = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)",
                          str(e))
         least = re.search(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)",
                           str(e))
         if most is not None:
-            raise DataError(f"{train[0].parent}: the training text is too small for a {vocab_size}-"
-                            f"piece sentencepiece vocabulary (at most {most.group(2)}): pass a "
-                            "smaller --vocab-size") from None
+            raise VocabularySize(f"{train[0].parent}: the training text is too small for a "
+                                 f"{vocab_size}-piece sentencepiece vocabulary (at most "
+                                 f"{most.group(2)})", f"{most.group(2)} or less") from None
         if least is not None:
-            raise DataError(f"a {vocab_size}-piece vocabulary cannot hold the {least.group(2)} "
-                            f"characters of {train[0].parent}: pass --vocab-size "
-                            f"{int(least.group(2)) + 1} or more") from None
+            raise VocabularySize(f"a {vocab_size}-piece vocabulary cannot hold the {least.group(2)} "
+                                 f"characters of {train[0].parent}",
+                                 f"{int(least.group(2)) + 1} or more") from None
         raise
     return piece_encoder("sentencepiece", out / SPM_MODEL)
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lnexp.errors import DataError
+from lnexp.plural import count
 
 SPLITS = ("train", "valid", "test")
 log = logging.getLogger("lnexp.data")
@@ -46,7 +47,7 @@ def read_lines(path: Path) -> list[str]:
 def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
     src, tgt = read_lines(src_path), read_lines(tgt_path)
     if len(src) != len(tgt):
-        raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: "
+        raise DataError(f"{src_path} has {count(len(src), 'line')} but {tgt_path} has {len(tgt)}: "
                         "the two sides must be line-aligned")
     if not src:
         raise DataError(f"{src_path} is empty: a corpus needs at least one sentence pair")

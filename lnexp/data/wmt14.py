@@ -49,6 +49,7 @@ from lnexp.data.corpus import Corpus, Option, PreparedData, Recipe, build_from_t
 from lnexp.data.iwslt14 import SEG_CLOSE, SEG_OPEN
 from lnexp.data.text import write_lines
 from lnexp.errors import ConfigError, DataError, at_least
+from lnexp.plural import count
 
 log = logging.getLogger("lnexp.data")
 
@@ -137,7 +138,7 @@ def train_sizes(layout: Layout) -> dict[str, int]:
         a, b = layout.train[c, SRC], layout.train[c, TGT]
         na, nb = moses.count_lines(a), moses.count_lines(b)
         if na != nb:
-            raise DataError(f"{a} has {na} lines but {b} has {nb}: the two sides must be "
+            raise DataError(f"{a} has {count(na, 'line')} but {b} has {nb}: the two sides must be "
                             "line-aligned")
         sizes[c] = na
     if not sum(sizes.values()):

@@ -9,7 +9,8 @@ chrF: paired bootstrap resampling (Koehn 2004; sacreBLEU's 1,000 resamples and 9
 approximate randomisation (Riezler and Maxwell 2005; 10,000 trials). The printed ``sacrebleu``
 command gives the same numbers from the written files. ``RUN@last`` picks a checkpoint per run.
 
-Identical hypotheses (a run against itself, a copied file) are no difference, p = 1: sacreBLEU's
+Identical hypotheses (a run against itself, a copied file), and a metric on which two systems score
+exactly alike (BLEU 0.00 both), are no difference, p = 1: sacreBLEU's
 p-value counts only resamples that beat the observed difference strictly (multeval's convention),
 so for two identical systems it gives its smallest value, 1/(n+1), which would read as
 significant; and its command line refuses one file given twice. Neither is printed then.
@@ -20,11 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from lnexp.errors import UserError, at_least
+from lnexp.plural import count
 
 TESTS = {"bs": "paired bootstrap", "ar": "approximate randomisation"}
 ALPHA = 0.05  # the significance level the verdict line uses
@@ -57,13 +60,31 @@ def checked(spec: str, default: str) -> tuple[Any, str]:
 
 
 def decode(run: Any, ckpt: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One side: ``lnexp evaluate``'s record (hypotheses, references, BLEU) for RUN@CKPT."""
-    from lnexp.evaluation.evaluate import evaluate
+    """One side: ``lnexp evaluate``'s record (hypotheses, references, BLEU) for RUN@CKPT; the one
+    an earlier ``lnexp evaluate`` wrote where decoding again would give the same (same data,
+    checkpoint files and decoding settings: ``evaluate.scored``)."""
+    from lnexp.evaluation.evaluate import evaluate, scored
 
     ns = SimpleNamespace(checkpoint=ckpt, beam=args.beam, lenpen=args.lenpen,
                          batch_size=args.batch_size, device=args.device, split=args.split,
                          src=None, ref=None, name=None)
-    return evaluate(run, ns)
+    record = scored(run, ns)
+    if record is None:
+        return evaluate(run, ns)
+    print(f"{run.dir.name}: {args.split} decoded by lnexp evaluate at {record['time']} with the same "
+          "data, checkpoint and settings: its hypotheses are used, not decoded again",
+          file=sys.stderr, flush=True)
+    return record
+
+
+def same_references(sides: list[tuple[Any, str]], split: str) -> None:
+    """Runs trained on different data are refused before either is decoded: their references of
+    ``split`` must be the same sentences (two vocabularies of one corpus are comparable)."""
+    (a, _), (b, _) = sides
+    if a.data.references(split) != b.data.references(split):
+        raise UserError(f"{a.dir} and {b.dir} were trained on different data ({a.data.name} "
+                        f"{a.data.key} and {b.data.name} {b.data.key}: their {split} references "
+                        "differ): compare runs of one corpus and split")
 
 
 def read_lines(path: str) -> list[str]:
@@ -96,6 +117,16 @@ def paired_tests(hyps_a: list[str], hyps_b: list[str], refs: list[str], names: t
     return out
 
 
+def no_difference(result: dict[str, Any], identical: bool) -> None:
+    """p = 1 where nothing can be told apart: identical systems, or a metric whose observed
+    difference is exactly 0 (two different systems that both score BLEU 0.00: every resample
+    scores them alike too, none beats the observed difference strictly, and sacreBLEU's p-value
+    would be its smallest, 1/(n+1), read as significant; see the module's note)."""
+    for row in result["metrics"].values():
+        if identical or row["diff"] == 0.0:
+            row.update(p_bs=1.0, p_ar=1.0)
+
+
 def sacrebleu_command(refs: str, hyps_a: str, hyps_b: str, test: str, n: int) -> str:
     flag = {"bs": ["--paired-bs", "--paired-bs-n"], "ar": ["--paired-ar", "--paired-ar-n"]}[test]
     return shlex.join(["sacrebleu", refs, "-i", hyps_a, hyps_b, "-m", "bleu", "chrf",
@@ -104,6 +135,7 @@ def sacrebleu_command(refs: str, hyps_a: str, hyps_b: str, test: str, n: int) ->
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     sides = [checked(spec, args.checkpoint) for spec in (args.run_a, args.run_b)]
+    same_references(sides, args.split)
     a = decode(*sides[0], args)
     same = sides[0][1] == sides[1][1] and sides[0][0].dir.resolve() == sides[1][0].dir.resolve()
     b = a if same else decode(*sides[1], args)  # a run against itself: decoded once
@@ -113,14 +145,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
                         f"({a['refs']}, {b['refs']}): compare runs of one corpus and split")
     hyps_a, hyps_b = read_lines(a["hyps"]), read_lines(b["hyps"])
     if not len(hyps_a) == len(hyps_b) == len(refs):
-        raise UserError(f"{len(hyps_a)} and {len(hyps_b)} hypotheses for {len(refs)} references: "
+        raise UserError(f"{len(hyps_a)} and {len(hyps_b)} hypotheses for {count(len(refs), 'reference')}: "
                         "evaluate both runs again (lnexp evaluate RUN)")
     n = {"bs": args.bs_n, "ar": args.ar_n}
     result = paired_tests(hyps_a, hyps_b, refs, (a["hyps"], b["hyps"]), n)
     identical = hyps_a == hyps_b
-    if identical:  # no resample can tell two identical systems apart (see the module's note)
-        for row in result["metrics"].values():
-            row.update(p_bs=1.0, p_ar=1.0)
+    no_difference(result, identical)
     side = ("run", "checkpoint", "beam", "lenpen", "hyps", "bleu", "chrf", "signature")
     commands = {} if identical else {
         t: sacrebleu_command(a["refs"], a["hyps"], b["hyps"], t, n[t]) for t in TESTS}
@@ -131,7 +161,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(r: dict[str, Any]) -> str:
     a, b = r["a"], r["b"]
-    lines = [f"{r['set']} ({r['n']} sentences); baseline A = {a['run']} ({a['checkpoint']}, beam "
+    lines = [f"{r['set']} ({count(r['n'], 'sentence')}); baseline A = {a['run']} ({a['checkpoint']}, beam "
              f"{a['beam']}), B = {b['run']} ({b['checkpoint']}, beam {b['beam']})",
              f"  {'metric':<6} {'A':>6} {'B':>6} {'B-A':>6}  {'A mean ± 95% CI':>16}  "
              f"{'B mean ± 95% CI':>16}  {'p (bootstrap)':>13}  {'p (approx. rand.)':>17}"]

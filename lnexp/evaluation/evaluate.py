@@ -27,6 +27,7 @@ from typing import Any
 from lnexp.errors import ArgumentParser, UserError, at_least, finite
 from lnexp.evaluation.runinfo import RunInfo, open_run, run_folders
 from lnexp.exit_status import Exit
+from lnexp.plural import count
 from lnexp.results import RECORD, record_dir
 from lnexp.runtime.progress import DecodeProgress
 
@@ -74,6 +75,32 @@ def fairseq_command(data_dir: str, ckpt: Path, split: str, raw: bool, data, beam
         " 2>/dev/null | grep ^H- | sort -V | cut -f3-"
 
 
+def checkpoint_stamp(ckpt: Any) -> list[list[Any]]:
+    """What hypotheses were decoded from: each checkpoint file read (an avgN's epoch checkpoints),
+    with its size and time, so that a record is reused only while they are the same files."""
+    return [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in (ckpt.averaged or [ckpt.path])]
+
+
+def scored(run: RunInfo, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The record of an earlier ``evaluate`` of the run's split that decoding it again would give
+    anew: the same prepared data, checkpoint files and decoding settings, its files still there
+    (``lnexp compare`` reuses it); None where there is none."""
+    from lnexp.evaluation import checkpoints
+    from lnexp.rundir import read_json
+
+    if args.src:
+        return None
+    beam, lenpen, batch, device = decoding(run, args)
+    ckpt = checkpoints.resolve(run.dir, args.checkpoint)
+    record = read_json(record_dir(run.dir, args.split, ckpt.label, beam, lenpen) / RECORD)
+    want = {"split": args.split, "src": None, "data_key": run.data.key, "beam": beam,
+            "lenpen": lenpen, "batch_size": batch, "device": device,
+            "checkpoint_stamp": checkpoint_stamp(ckpt)}
+    if not isinstance(record, dict) or any(record.get(k) != v for k, v in want.items()):
+        return None
+    return record if all(Path(str(record.get(k))).is_file() for k in ("hyps", "refs")) else None
+
+
 def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
     import sacrebleu
 
@@ -115,7 +142,7 @@ def evaluate(run: RunInfo, args: argparse.Namespace) -> dict[str, Any]:
         "src": str(args.src) if args.src else None, "ref": str(args.ref) if args.ref else None,
         "data_key": run.data.key,  # the prepared data the run trained on (and read here)
         "checkpoint": ckpt.label, "checkpoint_path": str(ckpt.path),
-        "averaged": [str(p) for p in ckpt.averaged] or None,
+        "averaged": [str(p) for p in ckpt.averaged] or None, "checkpoint_stamp": checkpoint_stamp(ckpt),
         "beam": beam, "lenpen": lenpen, "batch_size": batch, "device": device, "n": scorer.n,
         "bleu": score.bleu, "signature": score.signature, "bleu_tok": score.bleu_tok,
         "chrf": chrf_score, "chrf_signature": str(chrf.get_signature()),
@@ -138,7 +165,7 @@ def with_progress(batches: Iterable[dict[str, Any]], progress: DecodeProgress
 
 
 def report(r: dict[str, Any]) -> str:
-    lines = [f"{r['run']}: {r['set']} ({r['n']} sentences), checkpoint {r['checkpoint']}, "
+    lines = [f"{r['run']}: {r['set']} ({count(r['n'], 'sentence')}), checkpoint {r['checkpoint']}, "
              f"beam {r['beam']}, lenpen {r['lenpen']:g}",
              f"  BLEU     {r['bleu']:.2f}  {r['signature']}"]
     if r["bleu_tok"] is not None:
@@ -190,3 +217,4 @@ def quiet() -> None:
     for category in (UserWarning, FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category)
     logging.getLogger("fairseq").setLevel(logging.WARNING)
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # its paired tests' INFO chatter

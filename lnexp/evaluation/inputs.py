@@ -17,6 +17,7 @@ from lnexp.data.subword import piece_encoder
 from lnexp.data.text import read_lines, write_lines
 from lnexp.errors import DataError, UserError
 from lnexp.evaluation.runinfo import RunInfo
+from lnexp.plural import count
 
 NOT_LANG = {"gz", "txt", "sgm", "xml", "raw", "tok"}
 
@@ -65,7 +66,7 @@ def prepare_test_set(run: RunInfo, src: Path, ref: Path, out: Path) -> PreparedD
     check_pair(src, ref, data)
     sides = {data.src: read_raw(src), data.tgt: read_raw(ref)}
     if len(sides[data.src]) != len(sides[data.tgt]):
-        raise DataError(f"{src} has {len(sides[data.src])} sentences but {ref} has "
+        raise DataError(f"{src} has {count(len(sides[data.src]), 'sentence')} but {ref} has "
                         f"{len(sides[data.tgt])}: --src and --ref must be line-aligned")
     if not sides[data.src]:
         raise DataError(f"{src} is empty: pass a test set with at least one sentence")

@@ -25,6 +25,7 @@ from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
 from lnexp.figures.figure import Figure
 from lnexp.figures.measured import write_csv
+from lnexp.plural import count
 from lnexp.results import Run
 from lnexp.rundir import write_text
 from lnexp.runtime.host import cpu_model
@@ -154,8 +155,8 @@ def draw(got: SeedsAt, grid: Grid, args, plan: dict) -> tuple[list, str]:
                                     "last_layer_rms": R.rounded(v["last"]),
                                     "deep_ffn_grad_norm": R.rounded(v["grad"])})
     not_run = plan.get("not_run", [])
-    note = (f"lnexp atlas stopped: {plan.get('stopped')}; {len(not_run)} cells of its last round not run"
-            if plan else "no atlas_plan.json (cells not chosen by lnexp atlas)")
+    note = (f"lnexp atlas stopped: {plan.get('stopped')}; {count(len(not_run), 'cell')} of its last "
+            "round not run" if plan else "no atlas_plan.json (cells not chosen by lnexp atlas)")
     note += "".join(f"; {Z.label(c)} = {Z.label(o)}'s network, not run twice"
                     for c, o in plan.get("same_network", {}).items())
     write_csv(args.out / "atlas_lr.csv", Z.LR_FIELDS, lr_rows)

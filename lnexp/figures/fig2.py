@@ -21,6 +21,7 @@ from typing import Any
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
 from lnexp.figures.figure import Figure
+from lnexp.plural import count
 from lnexp.results import Run
 from lnexp.stats import summarise
 
@@ -124,7 +125,7 @@ def checks(adam: list[Run], sgd: list[Run], scale: str) -> list[Check]:
         lo, hi = c["gap_ci95_bits"]
         if c["seeds"] > 1:
             ours += (f"; mean gap {c['gap_mean_bits']:+.2f} bits, 95% t-interval [{lo:+.2f}, {hi:+.2f}] "
-                     f"over {c['seeds']} seeds")
+                     f"over {count(c['seeds'], 'seed')}")
         ours += (f"; mean BLEU {R.fmt(c['mean_bleu_no_warmup'])} vs {R.fmt(c['mean_bleu_warmup'])} "
                  f"(ratio {R.fmt(c['mean_bleu_ratio'])}) {_mark(c['bleu_ok'])}; {c['seeds']} of the "
                  f"{MIN_SEEDS} seeds needed")

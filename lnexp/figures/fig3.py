@@ -35,6 +35,7 @@ from lnexp.figures import measured
 from lnexp.figures.checks import Check, print_checks, read_checks
 from lnexp.figures.figure import Figure
 from lnexp.names import PAPER_PLACEMENTS
+from lnexp.plural import count
 from lnexp.rundir import run_paths
 
 FIELDS = ("series", "placement", "state", "arch", "d_model", "depth", "seed", "side", "layer",
@@ -433,12 +434,12 @@ def plot(args, summary, meta) -> list[Path]:
 def _note(meta) -> str:
     warm = meta.get("after_warmup")
     note = (f"{meta['dataset']} {meta['split']}, scale={meta['scale']}: at init d={meta['d_model']} "
-            f"(fairseq init), {meta['seeds']} seeds (init + batch of <= {meta['max_tokens']} tokens, "
-            f"mean {meta['batch_tokens_mean']:.0f} target tokens), dropout off; error bars: std "
-            "over seeds.")
+            f"(fairseq init), {count(meta['seeds'], 'seed')} (init + batch of <= "
+            f"{meta['max_tokens']} tokens, mean {meta['batch_tokens_mean']:.0f} target tokens), "
+            "dropout off; error bars: std over seeds.")
     if warm:
         note += (f"\nPost-LN after warm-up: {warm['arch']} (d={warm['d_model']}) trained "
-                 f"{warm['updates']} updates (lr {warm['lr']:g}, warm-up {warm['warmup']}), "
+                 f"{count(warm['updates'], 'update')} (lr {warm['lr']:g}, warm-up {warm['warmup']}), "
                  "measured on the same batches"
                  + ("; hatched: that model at init" if warm["d_model"] != meta["d_model"] else ""))
     return note

@@ -16,6 +16,7 @@ from typing import Any
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
 from lnexp.figures.figure import Figure
+from lnexp.plural import count
 from lnexp.results import Run
 
 FAILED = ("diverged", "plateau")  # the statuses a curve's label names
@@ -131,7 +132,7 @@ def main(argv: list[str]) -> int:
     if len(exps) > 1 and any(r.metrics for r in found[exps[1]]):
         panels.append(("WMT14 en-de", [r for r in found[exps[1]] if r.metrics]))
     fig = draw(panels)
-    note = f"scale={args.scale}; {len(all_runs)} runs; losses in bits/token"
+    note = f"scale={args.scale}; {count(len(all_runs), 'run')}; losses in bits/token"
     paths = style.save(fig, args.out, "fig4", note)
     write_checks(args.out, "fig4", args.scale, cks, {"units": R.UNITS, "experiments": exps,
                                                      "runs": [r.name for r in all_runs]})

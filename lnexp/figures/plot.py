@@ -19,16 +19,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lnexp import overrides as override
 from lnexp.errors import ArgumentParser, UserError, output_file
-from lnexp.results import Run, collect_runs, dotted_keys, parse_filters
+from lnexp.results import Run, collect_runs, parse_filters
+from lnexp.results import differing_keys as legend_keys
 from lnexp.rundir import is_run_dir
 
 X_KEYS = {"epoch": ("epoch", "epoch"), "updates": ("updates", "updates"),
           "wall": ("wall_s", "wall-clock (s)")}
-# config keys that never tell two runs apart in a legend (paths, machine settings)
-NOISE = ("runs_root", "threads", "device", "dataset.dir", "eval.max_sentences", "track_norms",
-         "track_every", "checkpoint", "scale.keep_last_epochs", "save_interval_updates", "hydra")
 UNFINISHED = ("failed", "running", "interrupted", "pending")
 OUT_SUFFIXES = (".png", ".pdf", ".csv")  # --out FILE.png: FILE (a name's other dots are kept: lr=0.001)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".svg", ".svgz", ".eps", ".ps", ".tif", ".tiff", ".webp", ".gif",
@@ -38,51 +35,6 @@ PER_UPDATE = ("loss", "nll_loss", "gnorm", "lr")  # updates.csv columns, plotted
 
 LABEL_VALUE_MAX = 20  # characters of one value in a legend label, and of the whole label
 LABEL_MAX = 60
-
-
-def legend_keys(runs: list[Run]) -> list[str]:
-    """The config keys that tell the runs apart: leaf keys whose values differ between the runs,
-    without text (``*.why``, ``*.recipe.*``, free text), keys that every run derives from another
-    key (an interpolation in its ``.hydra/config.yaml``: ``schedule.name`` follows the placement's
-    recipe), and a group's other keys where its name differs (they follow from the choice) unless
-    a run's overrides set them. Keys that some runs lack (configs of older lnexp versions) are left
-    out: their absence is not a difference of the experiment."""
-    common = set.intersection(*(set(dotted_keys(r.config)) for r in runs)) if runs else set()
-    leaves = sorted(k for k in common
-                    if not isinstance(runs[0].get(k), dict) and not k.startswith(NOISE))
-    differ = [k for k in leaves if len({repr(r.get(k)) for r in runs}) > 1 and not _text(k, runs)]
-    derived = set.intersection(*(_derived(r) for r in runs)) if runs else set()
-    typed = {override.key(o) for r in runs for o in r.overrides}
-    differ = [k for k in differ if k not in derived or k in typed]
-    chosen = {k.removesuffix(".name") for k in differ if k.endswith(".name")}
-    return [k for k in differ if k.endswith(".name") or k.split(".")[0] not in chosen or k in typed]
-
-
-def _text(key: str, runs: list[Run]) -> bool:
-    parts = key.split(".")
-    return parts[-1] == "why" or "recipe" in parts or any(
-        isinstance(r.get(key), str) and " " in r.get(key) for r in runs)
-
-
-def _derived(run: Run) -> set[str]:
-    """Keys of a run whose config-file value is an interpolation (Hydra saves the composed,
-    unresolved config in .hydra/config.yaml)."""
-    from omegaconf import OmegaConf
-
-    path = run.dir / ".hydra" / "config.yaml"
-    try:
-        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
-    except Exception:  # no file (runs of other tools), or one OmegaConf cannot read
-        return set()
-    return {k for k in dotted_keys(raw) if _raw(raw, k)}
-
-
-def _raw(tree: Any, key: str) -> bool:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return False
-        tree = tree[part]
-    return isinstance(tree, str) and "${" in tree
 
 
 def label(run: Run, keys: list[str]) -> str:

@@ -22,6 +22,7 @@ from lnexp.errors import ArgumentParser, UserError
 from lnexp.figures import registry
 from lnexp.figures.checks import Check, all_required_hold, read_checks, thresholded
 from lnexp.names import SCALES, describe_arch
+from lnexp.plural import count
 from lnexp.rundir import read_json, run_paths, write_text
 
 RUN_COLUMNS = ["run", "lr", "warmup", "seed", "status", "diverged_update", "final_epoch",
@@ -108,7 +109,8 @@ def hardware() -> str:
         tv = torch.__version__
     except Exception:
         threads, gpu, tv = "?", "?", "?"
-    return (f"{model}, {cores} cores available, torch {tv} with {threads} threads, GPU: {gpu}; "
+    return (f"{model}, {count(cores, 'core')} available, torch {tv} with {count(threads, 'thread')}, "
+            f"GPU: {gpu}; "
             f"{platform.system()} {platform.release()}, Python {platform.python_version()}")
 
 

@@ -31,6 +31,7 @@ from lnexp.figures import measured
 from lnexp.figures.checks import Check
 from lnexp.figures.figure import Figure
 from lnexp.names import PAPER_PLACEMENTS
+from lnexp.plural import count
 
 LEMMA_PLACEMENTS = PAPER_PLACEMENTS
 KAN_CONFIGS = (("pre_ln", 1.0), ("peri_ln", 1.0), ("pre_ln", 0.1))
@@ -291,7 +292,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
         if common and max(common) > 0:
             u = max(common)
             runs = {k: next(p for n, p in sorted(found[k]) if n == u) for k in KAN_CONFIGS}
-            source = f"finished runs under {args.runs_root} ({u} updates)"
+            source = f"finished runs under {args.runs_root} ({count(u, 'update')})"
     trained: dict[tuple[str, float], dict] = {}
     if not runs and args.train_updates > 0:
         for placement, dt in KAN_CONFIGS:
@@ -300,7 +301,7 @@ def kan_rows(args, meta) -> list[dict[str, Any]]:
                          *args.override]
             trained[(placement, dt)] = short_training(probes.compose_config(overrides),
                                                       args.train_updates)
-        source = (f"short runs here: {args.train_updates} updates of <= {args.train_tokens} tokens, "
+        source = (f"short runs here: {count(args.train_updates, 'update')} of <= {args.train_tokens} tokens, "
                   f"Adam lr {cfg.lr:g} (no warm-up), dropout {cfg.scale.dropout:g}, seed 1")
     rows = []
     for placement, dt in KAN_CONFIGS:
@@ -544,8 +545,9 @@ def plot(args, summary, checks: list[Check], meta) -> list[Path]:
     if zoo:
         _zoo_panels(fig, axes[2], summary, zoo)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    note = (f"(a, b) simplified: {sim['setting']}; {sim['seeds']} inits x {sim['tokens']} tokens; "
-            f"real model: {real['arch']} (d={real['d']}), {real['init']} init, {real['seeds']} seeds, "
+    note = (f"(a, b) simplified: {sim['setting']}; {count(sim['seeds'], 'init')} x {sim['tokens']} "
+            f"tokens; real model: {real['arch']} (d={real['d']}), {real['init']} init, "
+            f"{count(real['seeds'], 'seed')}, "
             f"{real['dataset']} {real['batch']}.\n(d, e) after training: {kan['after_training']}; "
             f"statistics on {kan['batch']}, eval mode. scale={meta['scale']}")
     return style.save(fig, args.out, args.name, note)

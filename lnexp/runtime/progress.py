@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lnexp.plural import count
+
 log = logging.getLogger("lnexp.train")
 
 
@@ -191,11 +193,14 @@ def log_epoch(max_epoch: int, run_dir: Path, record: dict[str, Any], stopped: st
     return line
 
 
-def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int, parallel: int = 1) -> str:
-    """Time left for the sweep: the mean time per epoch of the runs already finished under
-    ``sweep_dir`` x the epochs of this job and the ones after it, divided by the jobs run at once.
-    Runs that finished since this sweep started (multirun.yaml's time) count alone once there are
-    any: other runs in the folder (a 2-epoch demo beside 120-update atlas runs) differ per epoch."""
+def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int, parallel: int = 1,
+              max_update: int = 0) -> str:
+    """Time left for the sweep: what one run of it takes, from the runs already finished under
+    ``sweep_dir`` (their time per epoch x ``max_epoch``; with ``max_update``, their time per update
+    x ``max_update`` where that is less: a 5-update trial is not its epochs' length), x this job and
+    the ones after it, divided by the jobs run at once. Runs that finished since this sweep started
+    (multirun.yaml's time) count alone once there are any: other runs in the folder (a 2-epoch demo
+    beside 120-update atlas runs) differ per epoch."""
     from lnexp.run_status import FINAL
     from lnexp.rundir import STATUS, read_json
 
@@ -203,19 +208,25 @@ def sweep_eta(sweep_dir: Path, job: int, total: int | None, max_epoch: int, para
         started = (Path(sweep_dir) / "multirun.yaml").stat().st_mtime
     except OSError:
         started = math.inf
-    ours, others = [], []
+    ours: list[float] = []
+    others: list[float] = []
     for status in Path(sweep_dir).glob(f"*/{STATUS}"):
         s = read_json(status, {}) or {}
         if s.get("status") in FINAL and s.get("wall_s") and s.get("epoch"):
-            mine = status.stat().st_mtime >= started
-            (ours if mine else others).append(float(s["wall_s"]) / int(s["epoch"]))
-    per_epoch = ours or others
-    if not total or not per_epoch:
+            wall = float(s["wall_s"])
+            run_s = wall / int(s["epoch"]) * max_epoch
+            if max_update and s.get("updates"):
+                run_s = min(run_s, wall / int(s["updates"]) * max_update)
+            (ours if status.stat().st_mtime >= started else others).append(run_s)
+    per_run = ours or others
+    if not total or not per_run:
         return "time left: unknown until a run finishes"
     parallel = max(parallel, 1)
-    left = (total - job) * max_epoch * sum(per_epoch) / len(per_epoch) / parallel
-    return (f"~{_hms(left)} left ({max_epoch} epochs per run, mean epoch time of {len(per_epoch)} "
-            + ("finished runs of this sweep" if ours else "finished runs")
+    left = (total - job) * sum(per_run) / len(per_run) / parallel
+    length = count(max_epoch, "epoch") + (f" or max_update={max_update}" if max_update else "")
+    timed = "update and epoch times" if max_update else "epoch time"
+    return (f"~{_hms(left)} left ({length} per run, mean {timed} of "
+            f"{count(len(per_run), 'finished run')}" + (" of this sweep" if ours else "")
             + (f", {parallel} runs at a time)" if parallel > 1 else ")"))
 
 
@@ -243,6 +254,7 @@ class ProgressCallback(_Callback):
             total = sweep_size(sweep_dir / "multirun.yaml")
             name = Path(hc.runtime.output_dir).name
             log.info("progress: run %d/%s %s | sweep %s", job + 1, total or "?", name,
-                     sweep_eta(sweep_dir, job, total, int(config.max_epoch), parallel_jobs(hc)))
+                     sweep_eta(sweep_dir, job, total, int(config.max_epoch), parallel_jobs(hc),
+                               int(config.get("max_update") or 0)))
         except Exception as e:  # progress must never stop a sweep
             log.debug("progress: %s", e)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lnexp.plural import count
 from lnexp.rundir import process_started, same_process
 from lnexp.runtime.host import cores
 
@@ -81,13 +82,12 @@ def omp_cap() -> int | None:
 def fair_share(others: int, jobs: int) -> tuple[int, str]:
     """(threads, why) for a run beside ``others`` trainings, in a sweep of ``jobs`` at once."""
     n = cores()
-    share, why = n, f"all {n} cores, no other lnexp training on this host"
+    share, why = n, f"all {count(n, 'core')}, no other lnexp training on this host"
     if jobs > 1:
-        share, why = max(n // jobs, 1), f"{n} cores / {jobs} joblib jobs"
+        share, why = max(n // jobs, 1), f"{count(n, 'core')} / {jobs} joblib jobs"
     if others and max(n // (others + 1), 1) < share:
         share = max(n // (others + 1), 1)
-        why = f"{n} cores shared with {others} other lnexp training{'s' if others > 1 else ''} " \
-              "on this host"
+        why = f"{count(n, 'core')} shared with {count(others, 'other lnexp training')} on this host"
     cap = omp_cap()
     if cap is not None and cap < share:
         share, why = cap, f"OMP_NUM_THREADS={cap}"
@@ -165,6 +165,6 @@ def passive_wait_if_shared(argv: list[str]) -> str | None:
         return None
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     why = "a joblib sweep" if joblib else \
-        f"{others} other lnexp training{'s' if others > 1 else ''} on this host"
+        f"{count(others, 'other lnexp training')} on this host"
     os.environ[PASSIVE_ENV] = why  # for the threads line, in the launcher's workers too
     return why

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from lnexp.plural import count
 from lnexp.rundir import write_text
 
 
@@ -67,9 +68,10 @@ class PlateauRule:
     def not_applied(self, epoch: int, updates: int) -> str | None:
         """Why the rule has not judged a run that ended there (None if it has)."""
         if epoch < self.plateau_epoch:
-            return f"not applied: {epoch} epochs < divergence.plateau_epoch={self.plateau_epoch}"
+            return (f"not applied: {count(epoch, 'epoch')} < divergence.plateau_epoch="
+                    f"{self.plateau_epoch}")
         if updates < self.min_updates:
-            return (f"not applied: {updates} updates < divergence.plateau_min_updates="
+            return (f"not applied: {count(updates, 'update')} < divergence.plateau_min_updates="
                     f"{self.min_updates}")
         return None
 

@@ -22,10 +22,11 @@ from omegaconf import DictConfig
 
 from lnexp import fairseq_adapter as fa
 from lnexp import run_status, rundir
+from lnexp.plural import count
 from lnexp.rundir import read_json, run_paths
 from lnexp.runtime import runlock
 from lnexp.runtime.sharing import Sharing
-from lnexp.train import speed
+from lnexp.train import room, speed
 from lnexp.train.divergence import PlateauRule, non_finite
 from lnexp.train.rank0 import OtherRank, Rank0
 from lnexp.train.session import Session
@@ -58,7 +59,7 @@ def extends(run_dir: Path, max_epoch: int, max_update: int) -> str | None:
     if status.get("status") not in run_status.FINAL:
         return None
     was = run_status.note(status) if status["status"] != "done" else \
-        f"done at {status.get('updates')} updates, {status.get('epoch')} epochs"
+        f"done at {count(status.get('updates') or 0, 'update')}, {count(status.get('epoch') or 0, 'epoch')}"
     length = f"max_epoch={max_epoch}" + (f", max_update={max_update}" if max_update else "")
     return (f"{run_dir}: extends the earlier run from update {status.get('updates')} (it was {was}) "
             f"to {length}; {rundir.METRICS} is appended to")
@@ -120,6 +121,8 @@ class Training:
         self.state = RunState.from_checkpoint(extra)
         if profiled is not None:
             self.state.profiled_init = profiled
+        if setup.master:  # (rank 0 writes the checkpoints)
+            room.check(setup, sum(p.numel() for p in model.parameters()))
         self.rank0 = Rank0(setup) if setup.master else OtherRank(setup)
         cache = Path(setup.data.bin_dir) / f"unigram_entropy.{setup.data.tgt}.json"
         self.rule = PlateauRule.of_targets(self.task.dataset("train").tgt, cache,
@@ -133,7 +136,9 @@ class Training:
     def train(self) -> dict[str, Any]:
         """Epoch after epoch until max_epoch, max_update or a divergence; the final status."""
         try:
-            while self.epoch_itr.next_epoch_idx <= self.setup.max_epoch:
+            # (a resume whose checkpoint is at max_update already trains nothing: a kill after
+            # that checkpoint, before the status was written, leaves no status to say it ended)
+            while self.epoch_itr.next_epoch_idx <= self.setup.max_epoch and not self._reached():
                 epoch = self.epoch_itr.next_epoch_idx
                 if not self._one_epoch(epoch) or self._end_of_epoch(epoch):
                     break
@@ -143,6 +148,10 @@ class Training:
         finally:
             self.rank0.close()
         return self._finish()
+
+    def _reached(self) -> bool:
+        """Whether the updates done reach max_update (0: no limit)."""
+        return bool(self.setup.max_update) and self.trainer.get_num_updates() >= self.setup.max_update
 
     def _one_epoch(self, epoch: int) -> bool:
         """The epoch's updates (up to max_update); False if the loss went non-finite in it (the run
@@ -168,7 +177,7 @@ class Training:
             row = {"update": n, "epoch": epoch, "lr": lr, **step, "overflows": state.overflows}
             self.rank0.after_update(row, itr.n, time.perf_counter() - self.t0, len(state.history))
             state.add_update(step)
-            if setup.max_update and n >= setup.max_update:
+            if self._reached():
                 break
             if setup.save_every and n % setup.save_every == 0 and not self.epoch_itr.end_of_epoch():
                 self._save(end_of_epoch=False)
@@ -195,7 +204,7 @@ class Training:
             if state.plateau and verdict is None:
                 state.left_plateau = {"update": record["updates"], "epoch": epoch}
             state.plateau = verdict
-        stopped = bool(setup.max_update) and trainer.get_num_updates() >= setup.max_update
+        stopped = self._reached()
         self.rank0.epoch_done(record, stopped)
         self._save(end_of_epoch=True)
         self.rank0.keep_checkpoints(epoch, state.history)
@@ -219,7 +228,7 @@ class Training:
         div, epochs = state.diverged, len(state.history)
         if div and div["reason"] == STEP_DIVERGED:  # (a validation's was saved with its epoch)
             self._save(end_of_epoch=True)
-        reached, cut = bool(setup.max_update) and n >= setup.max_update, self._cut_short()
+        reached, cut = self._reached(), self._cut_short()
         full = epochs >= setup.max_epoch and not cut
         word = ("diverged" if div else "plateau" if state.plateau
                 else "stopped" if reached and not full else "done")

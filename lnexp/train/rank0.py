@@ -19,6 +19,7 @@ from typing import Any
 from lnexp import fairseq_adapter as fa
 from lnexp import run_status, rundir
 from lnexp.decoding import BleuScorer
+from lnexp.plural import count
 from lnexp.rundir import read_json, write_json
 from lnexp.runtime import progress
 from lnexp.train.epoch_checkpoints import keep_epoch
@@ -218,14 +219,18 @@ def _log_start(setup: RunSetup, n: int, epoch_itr, before: dict[str, Any]) -> No
         log.info("%s: starting", run_dir)
     elif run_status.normalise(before).get("status") in run_status.FINAL:
         pass  # an extension: lnexp.train.loop.extends said so in the run's first line
+    elif setup.max_update and n >= setup.max_update:  # its status was lost (a kill, a damage)
+        log.info("%s: its last checkpoint is at update %d, max_update=%d: nothing to train, its "
+                 "status is written again from that checkpoint", run_dir, n, setup.max_update)
     else:
         into = epoch_itr.iterations_in_epoch  # (the epoch's iterator is made later)
-        where = (f"epoch {epoch_itr.epoch}, {into} batches into it" if into
+        where = (f"epoch {epoch_itr.epoch}, {count(into, 'batch', 'batches')} into it" if into
                  else f"the start of epoch {epoch_itr.next_epoch_idx}")
         lost = int(before.get("updates", n)) - n
         log.info("%s: resuming from update %d (%s)%s", run_dir, n, where,
-                 f"; it was {before.get('status', 'stopped')} at update {before['updates']}, the "
-                 f"{lost} updates after the last checkpoint are done again" if lost > 0 else "")
+                 f"; it was {before.get('status', 'stopped')} at update {before['updates']}: "
+                 f"{count(lost, 'update')} after the last checkpoint will be done again" if lost > 0
+                 else "")
     log.info("schedule: %s", setup.schedule)
     if setup.linear:
         log.info("schedule=linear decays to 0 at the end of the run, so its length names the run "

@@ -20,6 +20,7 @@ from lnexp import overrides as override
 from lnexp.config import first_line as _first_line
 from lnexp.errors import ConfigError, UserError
 from lnexp.exit_status import Exit
+from lnexp.plural import count
 
 log = logging.getLogger("lnexp.train")
 # Each run that does not finish appends "status<TAB>message" to this file (in runs_root, which a
@@ -86,7 +87,7 @@ def _job(cfg: DictConfig) -> None:
             staging.refuse_foreign(run_dir)
             status = train_run(cfg, run_dir, on_start=lambda: staging.publish(staged, run_dir))
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this job
-            print(f"{run_dir}: {status['status']} after {status.get('epoch')} epochs")
+            print(f"{run_dir}: {status['status']} after {count(status.get('epoch') or 0, 'epoch')}")
             _print_summary(run_dir)
     except (RunLocked, staging.ForeignFolder) as e:  # another process's run, or no run: not ours to touch
         _record_failure(Exit.BAD_INPUT, str(e))

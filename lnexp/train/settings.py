@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from lnexp import fairseq_adapter as fa
 from lnexp.errors import ConfigError
 from lnexp.names import ARCH_SIZES, arch_flags
+from lnexp.plural import count
 from lnexp.runtime.host import resolve_device
 from lnexp.scheme import Norm, Placement, named_placement
 from lnexp.train.precision import Precision
@@ -209,7 +210,7 @@ def run_setup(cfg: DictConfig, paths: dict[str, Path], run_dir: Path, dist=None,
 def schedule_in_force(cfg: DictConfig) -> str:
     """The lr schedule of the run in words, and why it is the one in force."""
     s = cfg.schedule
-    warm = f"linear warm-up over {cfg.warmup} updates" if cfg.warmup else "no warm-up"
+    warm = f"linear warm-up over {count(cfg.warmup, 'update')}" if cfg.warmup else "no warm-up"
     epochs = ", ".join(str(e) for e in s.get("epochs", []))
     shape = {"inverse_sqrt": "then inverse-sqrt decay", "constant": "then lr_max held",
              "step": f"lr_max held, x{s.get('gamma')} from epoch {epochs}",
