@@ -196,3 +196,20 @@ def test_figure_atlas_draws_the_sensitivity_and_the_zoo_column(tmp_path):
     assert "![atlas_lr_sensitivity](../fig/atlas_lr_sensitivity.png)" in text
     assert "| LR sensitivity, 6+6, no warm-up |" in text and "| nGPT † |" in text
     assert math.isfinite(float(sens[("ngpt", 0)]["mean"]))
+
+
+def test_claims_cost_prints_each_claims_cells_at_the_power_rules_n(tmp_path):
+    """lnexp atlas --claims-cost: per claim the seeds a cell its test needs at its stated effect
+    before any run, and its cells by depth; a claim over the grid costs 7 cells an arm a seed."""
+    from lnexp import stats as S
+    from tests.conftest import lnexp_main
+
+    out = lnexp_main("atlas", "--claims-cost", cache=tmp_path / "cache")
+    rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines()[2:] if ln.startswith("atlas_")}
+    assert len(rows) == 17 and out.stdout.splitlines()[-1].startswith("total: ")
+    n = S.paired_n(C.SENS_PRE_POST, C.PRIOR_SD["bits/token"], C.ALPHA / 17)
+    assert rows["atlas_lr_sens_pre_ln"][3:] == [str(n), f"{2 * 7 * n:,}", "0"]
+    depth = rows["atlas_lr_sens_depth"]  # one arm at 6+6, one at 18+18
+    assert depth[4] == depth[5] == f"{7 * int(depth[3]):,}"
+    assert rows["atlas_lr_sens_warmup"][4] == f"{4 * 7 * int(rows['atlas_lr_sens_warmup'][3]):,}"
+    assert not (tmp_path / "runs").exists()  # it prints, and writes nothing

@@ -512,6 +512,22 @@ def _holm(verdicts: list[Verdict], alpha: float) -> None:
         v.verdict = "supported" if s else "not supported" if r else "undecided"
 
 
+def planned(grid: Grid, claims: Iterable[Claim] | None = None) -> list[dict[str, Any]]:
+    """Per claim, what deciding it costs before any run (``lnexp atlas --claims-cost``): the seeds a
+    cell its test needs at its stated effect (a paired claim's at the prior sd, PRIOR_SD; at Holm's
+    first level, every claim undecided; no seed cap), and its cells by depth."""
+    out = []
+    for v in evaluate(grid, {}, claims, max_seeds=S.MAX_N + 1):
+        n = max((p.n_needed for p in v.parts), default=0)
+        by_depth: dict[int, int] = {}
+        for a in _ats_of(v.claim, v.parts, v.parts):
+            d = a.arm(grid).depth
+            by_depth[d] = by_depth.get(d, 0) + n * len(a.lrs_on(grid))
+        out.append({"claim": v.claim.id, "test": v.claim.test, "effect": v.claim.effect, "seeds": n,
+                    "cells": sum(by_depth.values()), "by_depth": by_depth})
+    return out
+
+
 def needs(verdicts: list[Verdict], cost: dict[int, float]) -> list[Need]:
     """Per claim, what the allocation (lnexp.atlas.plan.allocate) weighs: decided or not, its next
     runs, and what deciding it costs: the runs it needs at the cost of its next ones (``cost``:
