@@ -49,6 +49,19 @@ def sensitivity_experiment(scale: str) -> str:
     return f"atlas_lrs_{scale}"
 
 
+def experiments(scale: str) -> list[str]:
+    """The experiments whose runs are the atlas's: atlas_SCALE, its dt column atlas_dt_SCALE and,
+    where the scale has one, its half-decade grid atlas_lrs_SCALE."""
+    lrs = sensitivity_experiment(scale)
+    return [experiment_name(scale), f"atlas_dt_{scale}", *([lrs] if _config(lrs).is_file() else [])]
+
+
+def _config(name: str) -> Path:
+    from lnexp.names import CONFIG_DIR
+
+    return Path(CONFIG_DIR) / "experiment" / f"{name}.yaml"
+
+
 def _values(v: object) -> list[str]:
     """A sweep's values; group names are quoted for Hydra (depth: "'6','18'")."""
     return [x.strip().strip("'\"") for x in str(v).split(",") if x.strip()]
@@ -58,9 +71,7 @@ def _experiment(scale: str, name: str | None = None) -> dict:
     """configs/experiment/atlas_SCALE.yaml (or NAME.yaml), as plain values."""
     from omegaconf import OmegaConf
 
-    from lnexp.names import CONFIG_DIR
-
-    path = Path(CONFIG_DIR) / "experiment" / f"{name or experiment_name(scale)}.yaml"
+    path = _config(name or experiment_name(scale))
     if not path.is_file():
         raise UserError(f"no {path}: use --scale mini, gpu or paper")
     doc = OmegaConf.to_container(OmegaConf.load(path))
@@ -74,10 +85,8 @@ def _params(doc: dict) -> dict:
 
 def sensitivity_lrs(scale: str) -> tuple[float, ...]:
     """The half-decade lr grid of atlas_lrs_SCALE.yaml; () where the scale has no such file."""
-    from lnexp.names import CONFIG_DIR
-
     name = sensitivity_experiment(scale)
-    if not (Path(CONFIG_DIR) / "experiment" / f"{name}.yaml").is_file():
+    if not _config(name).is_file():
         return ()
     return tuple(sorted(float(x) for x in _values(_params(_experiment(scale, name))["lr"])))
 

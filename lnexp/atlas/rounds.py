@@ -29,7 +29,7 @@ from pathlib import Path
 
 from lnexp.atlas import claims as C
 from lnexp.atlas.budget import Budget, read_doc
-from lnexp.atlas.grid import Grid, experiment_name, read_grid, run_length, sensitivity_experiment
+from lnexp.atlas.grid import Grid, experiments, read_grid, run_length
 from lnexp.atlas.launchers import Ended, Launcher
 from lnexp.atlas.outcomes import Cell, Scheme, SeedsAt, arm_of, outcome, seeds_at
 from lnexp.atlas.plan import Seen, allocate, coverage, fits, next_cells, phases, zoo_column
@@ -65,7 +65,7 @@ class SeenRuns:
 
     def __init__(self, runs_root: Path, grid: Grid, scale: str) -> None:
         self.root, self.grid = runs_root, grid
-        self.experiments = (experiment_name(scale), f"atlas_dt_{scale}", sensitivity_experiment(scale))
+        self.experiments = tuple(experiments(scale))
         self.final: dict[Path, Run | None] = {}
 
     def __call__(self) -> SeedsAt:

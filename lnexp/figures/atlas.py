@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any
 
 from lnexp.atlas import claims as C
-from lnexp.atlas.grid import Grid, read_grid
+from lnexp.atlas.grid import Grid, experiments, read_grid
 from lnexp.atlas.outcomes import (
     OUTCOMES,
     SeedsAt,
@@ -55,7 +55,7 @@ SENSITIVITY_TABLES = ("atlas_lr_sensitivity.csv", "atlas_lr_curves.csv")  # wher
 FIGURE = Figure(
     "atlas", "stability atlas: scheme x lr x warm-up x depth (x dt), and the zoo papers' claims tested",
     "Stability atlas: every scheme x peak lr x warm-up x depth, the zoo papers' claims tested", order=5,
-    experiments=lambda scale: [f"atlas_{scale}", f"atlas_dt_{scale}", f"atlas_lrs_{scale}"],
+    experiments=experiments,
     images=("atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth", "atlas_lr_sensitivity"),
     summary_columns=CELL_FIELDS, tables=("atlas_table.md",))
 
