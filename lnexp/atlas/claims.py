@@ -131,7 +131,7 @@ class Claim:
 
 
 # --- the LR-sensitivity claims' smallest effects that matter ------------------------------------------
-# The pilot (2026-12-04, Intel/AMD 2-core CPU; seed 101, which no claim's test uses: their seeds run
+# The pilot (2026-12-04, AMD EPYC, 2 cores; seed 101, which no claim's test uses: their seeds run
 # from 1 to the seed cap, at most 50): lnexp train -m experiment=atlas_mini
 # lr=1e-4,3e-4,1e-3,3e-3,1e-2,3e-2,1e-1 placement=post_ln,pre_ln warmup=0,40 depth=6 seed=101. Its
 # runs' small files are kept in docs/measurements/2026-12-04-lr-sensitivity-pilot/runs; `lnexp results
@@ -348,7 +348,7 @@ def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, got: SeedsAt, alpha:
     xa, xb = [va[s] for s in seeds], [vb[s] for s in seeds]
     what, unit = MEASURES[m]
     diffs = [y - x for x, y in zip(xa, xb, strict=True)]
-    sd = statistics.stdev(diffs) if len(seeds) >= PILOT else PRIOR_SD.get(m, PRIOR_SD[unit])
+    sd = statistics.stdev(diffs) if len(seeds) >= PILOT else PRIOR_SD[unit]
     la, lb = (a.short, b.short) if a.short != b.short else (a.arm(grid).label, b.arm(grid).label)
     numbers = {"a": a.text(grid), "b": b.text(grid), "measure": m, "seeds": seeds,
                "a_values": [round(x, 4) for x in xa], "b_values": [round(x, 4) for x in xb]}
@@ -432,7 +432,7 @@ def _next_cells(ats: list[At], n_target: int, grid: Grid, got: SeedsAt, tried: s
         arm, lrs = a.arm(grid), a.lrs_on(grid)
         done = {lr: {s for s, o in got[(arm, lr)].outcomes().items() if o != "missing"}
                 if (arm, lr) in got else set() for lr in lrs}
-        have = a.seeds(grid, got)
+        have = set.intersection(*done.values())
         failed = {c.seed for c in tried if c.arm == arm and c.lr in done and c.seed not in done[c.lr]}
         free = [s for s in range(1, max_seeds + 1) if s not in have and s not in failed]
         groups += [(s, i, [Cell(arm, lr, s) for lr in lrs if s not in done[lr]])

@@ -60,8 +60,7 @@ def claims_of(schemes: list[Scheme], grid: Grid) -> list[C.Claim]:
 class SeenRuns:
     """Finished runs of the atlas's experiments (atlas_SCALE, atlas_dt_SCALE's dt column and
     atlas_lrs_SCALE's half-decade grid) under ``runs_root``, grouped by arm and the grid's lr (either
-    grid's). A finished run does not change, so each folder
-    is read once (reading a run costs ~15 ms)."""
+    grid's). A finished run does not change, so each folder is read once (reading a run costs ~15 ms)."""
 
     def __init__(self, runs_root: Path, grid: Grid, scale: str) -> None:
         self.root, self.grid = runs_root, grid
@@ -105,9 +104,8 @@ class SeenRuns:
         return self.grid.on_grid(float(run.get("lr", math.nan))) is not None
 
     def _on_grid(self, lr: float) -> float:
-        on = self.grid.on_grid(lr)
-        assert on is not None
-        return on
+        """The grid's value of a run's lr (as its config wrote it)."""
+        return self.grid.on_grid(lr) or lr
 
 
 class _Stopped(Exception):
