@@ -72,11 +72,12 @@ class ArmSeed:
         return str(getattr(self.arm, "label", self.arm))
 
 
-def measure(runs: list[Run], arm_of: Callable[[Run], Any] | None = None
-            ) -> tuple[list[float], list[ArmSeed]]:
-    """The folder's lr grid, and the measure of each arm and seed over it. ``arm_of``: a run's arm
-    (the atlas's: scheme, warm-up, depth, dt); by default the config values that vary but the lr
-    and the seed."""
+def measure(runs: list[Run], arm_of: Callable[[Run], Any] | None = None,
+            grid: list[float] | None = None) -> tuple[list[float], list[ArmSeed]]:
+    """The lr grid, and the measure of each arm and seed over it. ``arm_of``: a run's arm (the
+    atlas's: scheme, warm-up, depth, dt); by default the config values that vary but the lr and the
+    seed. ``grid``: the lrs (the atlas's half-decade grid: a run at another lr is left out, one the
+    grid has and no run does is missing); by default every lr of the runs."""
     if arm_of is None:
         keys = arm_keys(runs)
 
@@ -84,11 +85,13 @@ def measure(runs: list[Run], arm_of: Callable[[Run], Any] | None = None
             leaves = _leaves(run.config)
             return ", ".join(f"{k.removesuffix('.name')}={_fmt(_plain(leaves.get(k)))}"
                              for k in keys) or "all runs"
-    grid = sorted({float(r.get("lr")) for r in runs if r.get("lr") is not None})
+    if grid is None:
+        grid = sorted({float(r.get("lr")) for r in runs if r.get("lr") is not None})
     groups: dict[tuple[Any, Any], dict[float, Run]] = {}
     for run in runs:
-        if run.get("lr") is not None:
-            groups.setdefault((arm_of(run), run.get("seed")), {})[float(run.get("lr"))] = run
+        lr = _on(grid, run.get("lr"))
+        if lr is not None:
+            groups.setdefault((arm_of(run), run.get("seed")), {})[lr] = run
     out = []
     for (arm, seed), by_lr in sorted(groups.items(), key=lambda kv: (str(getattr(kv[0][0], "label",
                                                                                  kv[0][0])),
@@ -101,6 +104,13 @@ def measure(runs: list[Run], arm_of: Callable[[Run], Any] | None = None
             final[lr], init[lr] = loss, loss_at_init(run)
         out.append(ArmSeed(arm, seed, lr_sensitivity(final, init, grid), final, init))
     return grid, out
+
+
+def _on(grid: list[float], lr: Any) -> float | None:
+    """The grid's lr that a run's lr is (as its config wrote it), or None."""
+    if lr is None:
+        return None
+    return next((x for x in grid if math.isclose(x, float(lr), rel_tol=1e-6)), None)
 
 
 def _plain(text: Any) -> Any:

@@ -255,9 +255,10 @@ def atlas(py: str, args: argparse.Namespace, out: Path, work: Path, env: dict[st
     keep = (out / "atlas")
     keep.mkdir(exist_ok=True)
     # each cell's small files, enough for the figures and for a later window to resume from
-    # (--resume-atlas): its overrides name its experiment; no checkpoints (atlas cells keep none)
+    # (--resume-atlas): its overrides name its experiment, updates.csv its loss at init (the LR
+    # sensitivity's cap); no checkpoints (atlas cells keep none)
     for f in (*runs.glob("atlas_*.json"), *runs.glob("*/status.json"), *runs.glob("*/run.json"),
-              *runs.glob("*/metrics.jsonl"), *runs.glob("*/norms.csv"),
+              *runs.glob("*/metrics.jsonl"), *runs.glob("*/norms.csv"), *runs.glob("*/updates.csv"),
               *runs.glob("*/.hydra/overrides.yaml")):
         dest = keep / f.relative_to(runs)
         dest.parent.mkdir(parents=True, exist_ok=True)

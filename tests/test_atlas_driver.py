@@ -404,3 +404,41 @@ def test_a_failed_cell_is_counted_by_its_status_and_a_killed_one_named_as_killed
     run.session = [trained, never]  # the second never made its folder
     assert run.counts() == (1, 0)
     assert describe([2, 1, 137, 2]) == "exit status 1, 2; killed by signal 9 (SIGKILL)"
+
+
+# --- issue 51: a grid claim's cells trained for real ---------------------------------------------------
+
+
+def test_a_tiny_atlas_trains_a_grid_claims_cells_and_evaluates_it(tmp_path, small_multi30k, monkeypatch):
+    """The atlas's rounds on CPU through the cell worker (2+2 layers, 2 updates a cell, the small
+    corpus): coverage, then the LR-sensitivity claim Pre-LN vs Post-LN over a half-decade grid of 2
+    lrs, its 3 pilot seeds of every lr, each arm's sensitivity from the real runs' losses (the
+    first update's loss at init, the final valid loss) and its verdict in the plan."""
+    from lnexp.atlas import claims as C
+    from lnexp.atlas.grid import Grid
+    from lnexp.atlas.outcomes import sensitivity_by_seed
+
+    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "cache"))
+    root, lines = tmp_path / "runs", []
+    grid = Grid((1e-3,), (0,), (2,), (1,), 1e-3, (1e-3, 1e-2))
+    claim = next(c for c in C.CLAIMS if c.id == "atlas_lr_sens_pre_ln")
+    setup = launchers.LaunchSetup(root, "mini", overrides=(
+        f"dataset.dir={small_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=4000", "max_update=2",
+        "eval.subset=8", "threads=1", "track_norms=false"))
+    with launchers.make("worker", setup, log=lines.append) as launcher:
+        plan = rounds.run_atlas(root, "mini", 1e9, 2, launcher, grid, log=lines.append,
+                                schemes=[Scheme("post_ln"), Scheme("pre_ln")], cost_s={2: 5.0}, max_seeds=3,
+                                claims=[claim])
+    arms = {s: Arm(Scheme(s), 0, 2) for s in ("pre_ln", "post_ln")}
+    launched = {Cell(Arm(Scheme(d["placement"]), d["warmup"], d["depth"]), d["lr"], d["seed"])
+                for d in plan["launched"]}
+    got = rounds.SeenRuns(root, grid, "mini")()
+    (v,) = C.evaluate(grid, got, [claim], max_seeds=3)
+    k = v.parts[0].n  # pairs of seeds run: the claim's rounds stop once it is decided, else at 3
+    want = {Cell(a, lr, s) for a in arms.values() for lr in grid.sensitivity_lrs for s in range(1, k + 1)}
+    assert launched == want and not plan["failed"], [ln for ln in lines if "lnexp atlas" in ln]
+    assert k == 3 or (k >= 2 and v.verdict != "undecided")  # coverage's 2 cells are the grid's too
+    sens = {s: sensitivity_by_seed(got, a, grid.sensitivity_lrs) for s, a in arms.items()}
+    assert all(sorted(x) == list(range(1, k + 1)) and min(x.values()) >= 0 for x in sens.values()), sens
+    assert plan["claims"] == {claim.id: v.text}  # the driver's last word is the claim's verdict
+    assert v.verdict != "undecided" or "more runs" in v.text

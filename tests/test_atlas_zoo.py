@@ -131,7 +131,7 @@ def test_driver_rounds_resume_and_budget(tmp_path):
     assert "pre_ln+dyt" in {d["scheme"] for d in plan["launched"]}
     # 2 warm-ups x 2 depths per scheme, each bisected (<= 3 probes) plus boundary seeds, and the
     # claims' cells, up to MAX_SEEDS seeds each; no run twice
-    claimed = len(claim_cells(GRID, rounds.claims_of(FEW))) * MAX_SEEDS
+    claimed = len(claim_cells(GRID, rounds.claims_of(FEW, GRID))) * MAX_SEEDS
     assert len(log) == len(set(log)) < n_schemes * 4 * (3 + 4) + claimed
     assert ("post_ln", 18, 40, 1e-3) in {
         (d["placement"], d["depth"], d["warmup"], d["lr"]) for d in plan["launched"]

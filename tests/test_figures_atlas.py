@@ -114,7 +114,7 @@ def test_atlas_cells_claims_and_files(tmp_path):
     post = c["atlas_post_ln_needs_warmup"]["measured"]  # 2e-3: with warm-up 2/2 train, without 0/2
     assert post["comparisons"][0]["a_trained"] == 2 and post["comparisons"][0]["b_trained"] == 0
     assert post["verdict"].startswith("undecided: needs ") and post["runs_needed"] > 0
-    assert doc["outcomes"]["diverged"] == 1 and doc["claims_decided"].endswith("of 12")
+    assert doc["outcomes"]["diverged"] == 1 and doc["claims_decided"].endswith("of 17")
     assert doc["correction"].startswith("Holm") and doc["machine"]
 
 
@@ -150,13 +150,14 @@ def test_report_adds_the_atlas(tmp_path):
     text = (tmp_path / "report" / "README.md").read_text()
     assert "![atlas_maps](../figures/atlas_maps.png)" in text
     assert "![atlas_growth](../figures/atlas_growth.png)" in text
-    assert "| atlas | 0 of 12 claims supported by our runs |" in text  # two seeds decide none here
+    assert "| atlas | 0 of 17 claims supported by our runs |" in text  # two seeds decide none here
     # the per-cell table, from atlas_summary.csv
     assert "| peri_ln | 6 | 0 | 1 | 0.004 | 2 | 2 | 0 | 0 | 0 | True | 0.342 | 1 | 5.93 |" in text
     assert "Boschloo" in text and "undecided: needs" in text  # each claim with its test and verdict
 
 
-@pytest.mark.parametrize("experiment,runs", [("atlas_mini", 40), ("atlas_dt_mini", 8), ("atlas_paper", 48),
+@pytest.mark.parametrize("experiment,runs", [("atlas_mini", 40), ("atlas_dt_mini", 8), ("atlas_lrs_mini", 14),
+                                             ("atlas_paper", 48),
                                              ("atlas_dt_paper", 24), ("fig2_mini", 9),
                                              ("fig2_low_lr_mini", 3)])
 def test_sweeps_compose_with_their_documented_grid(experiment, runs):
@@ -176,6 +177,10 @@ def test_sweeps_compose_with_their_documented_grid(experiment, runs):
     lrs = [float(x) for x in params["lr"].split(",")]
     if "_dt_" in experiment:
         assert params["residual_scale"] == "0.5,0.1" and params["warmup"] == "0"
+        return
+    if "_lrs_" in experiment:  # the LR sensitivity's half-decades over three decades, 6+6, one seed
+        assert all(b / a == pytest.approx(10 ** 0.5, rel=0.06) for a, b in zip(lrs, lrs[1:], strict=False))
+        assert lrs[-1] / lrs[0] == pytest.approx(1e3) and params["depth"] == "'6'" and params["seed"] == "1"
         return
     assert len(lrs) >= 4 and all(b == pytest.approx(2 * a) for a, b in zip(lrs, lrs[1:], strict=False))
     # per scheme: lnexp atlas adds every placement (and the DyT pairs) and chooses the cells

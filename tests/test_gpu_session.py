@@ -187,6 +187,7 @@ def test_the_atlas_session_runs_the_atlas_and_its_figures_and_packs_one_tarball(
     assert plan["launched"] and plan["claims"]  # cells ran, and every claim has its verdict text
     cells = list((out / "atlas").glob("*/status.json"))
     assert cells and all((c.parent / "metrics.jsonl").is_file() for c in cells)
+    assert all((c.parent / "updates.csv").is_file() for c in cells)  # the loss at init (LR sensitivity)
     # what a later window resumes from (--resume-atlas): each cell's overrides name its experiment
     from lnexp.results import collect_runs
 

@@ -9,9 +9,10 @@ Tests, by kind (lnexp/stats.py, on scipy and statsmodels):
   test; Wilson interval per cell); not supported when the share is shown below 1/2.
 - ``trains_where_fails``: arm A trains where arm B fails: Boschloo's exact test on the 2x2 table of
   trained/failed seeds (A's share greater); not supported when A is shown to fail or B to train.
-- ``lower``: a measure (final valid loss, or log2 of a hidden-state RMS or gradient norm) of A
-  below B's, differences paired by seed (same seed, same data order): one-sided paired t-test; not
-  supported when the difference is shown smaller than the effect the claim states.
+- ``lower``: a measure (final valid loss, or log2 of a hidden-state RMS or gradient norm, or a
+  seed's LR sensitivity over the half-decade lr grid) of A below B's, differences paired by seed
+  (same seed, same data order): one-sided paired t-test; not supported when the difference is
+  shown smaller than the effect the claim states.
 - ``within``: |A - B| below a margin, paired by seed: TOST; not supported when shown beyond it.
 - ``less_spread``: A's values vary less over seeds than B's: Levene's test, one-sided.
 
@@ -33,7 +34,7 @@ from typing import Any
 
 from lnexp import stats as S
 from lnexp.atlas.grid import Grid
-from lnexp.atlas.outcomes import MEASURES, Arm, Cell, Scheme, SeedsAt
+from lnexp.atlas.outcomes import MEASURES, SENSITIVITY, Arm, Cell, Scheme, SeedsAt, sensitivity_by_seed
 from lnexp.atlas.plan import Need
 
 ALPHA = 0.05  # family-wise, over the claims (Holm)
@@ -44,12 +45,14 @@ PRIOR_SD = {"bits/token": 0.15, "log2": 0.5}  # sd of a paired difference before
 PILOT = 3  # pairs a paired claim runs before its sd is estimated from them
 STABILITY = ("trains", "trains_where_fails")
 LOG2_1_5 = math.log2(1.5)
+GRID = "grid"  # an At's lr: every lr of the half-decade grid (the LR sensitivity's)
 
 
 @dataclass(frozen=True)
 class At:
     """A cell a claim compares, stated against the grid: the scheme (label), depth (shallow or deep),
-    warm-up (off or on), lr (the shared lr, x2 or x4 of it, or the grid's top) and dt."""
+    warm-up (off or on), lr (the shared lr, x2 or x4 of it, the grid's top, or ``grid``: every lr of
+    the half-decade grid, one cell each, a seed's being one seed of each) and dt."""
 
     scheme: str
     depth: str = "shallow"
@@ -69,11 +72,41 @@ class At:
         want = grid.shared_lr * (1 if self.lr == "shared" else float(self.lr.lstrip("x")))
         return min(grid.lrs, key=lambda x: abs(math.log(x / want)))
 
+    @property
+    def over_grid(self) -> bool:
+        return self.lr == GRID
+
+    def lrs_on(self, grid: Grid) -> tuple[float, ...]:
+        """The lrs of its cells: the half-decade grid's, or the one lr it means."""
+        return grid.sensitivity_lrs if self.over_grid else (self.lr_on(grid),)
+
     def key(self, grid: Grid) -> tuple[Arm, float]:
         return self.arm(grid), self.lr_on(grid)
 
+    def keys(self, grid: Grid) -> list[tuple[Arm, float]]:
+        """(arm, lr) of each of its cells."""
+        arm = self.arm(grid)
+        return [(arm, lr) for lr in self.lrs_on(grid)]
+
     def text(self, grid: Grid) -> str:
+        if self.over_grid:
+            lrs = grid.sensitivity_lrs
+            span = f"{lrs[0]:g}..{lrs[-1]:g}" if lrs else "none"
+            return f"{self.arm(grid).label}, lrs {span} ({len(lrs)})"
         return f"{self.arm(grid).label}, lr {self.lr_on(grid):g}"
+
+    def seeds(self, grid: Grid, got: SeedsAt) -> set[int]:
+        """The seeds finished at every one of its lrs."""
+        per = [{s for s, o in got[k].outcomes().items() if o != "missing"} if k in got else set()
+               for k in self.keys(grid)]
+        return set.intersection(*per) if per else set()
+
+    def values(self, m: str, grid: Grid, got: SeedsAt) -> dict[int, float]:
+        """{seed: measure ``m``} of its finished seeds (over the grid: each complete seed's)."""
+        if self.over_grid:
+            return sensitivity_by_seed(got, self.arm(grid), grid.sensitivity_lrs)
+        runs = got.get(self.key(grid))
+        return runs.by_seed(m) if runs else {}
 
     @property
     def short(self) -> str:
@@ -97,6 +130,32 @@ class Claim:
         return list(dict.fromkeys(a for pair in self.pairs for a in pair if a is not None))
 
 
+# --- the LR-sensitivity claims' smallest effects that matter ------------------------------------------
+# The pilot (2026-12-04, AMD EPYC, 2 cores; seed 101, which no claim's test uses: their seeds run
+# from 1 to the seed cap, at most 50): lnexp train -m experiment=atlas_mini
+# lr=1e-4,3e-4,1e-3,3e-3,1e-2,3e-2,1e-1 placement=post_ln,pre_ln warmup=0,40 depth=6 seed=101. Its
+# runs' small files are kept in docs/measurements/2026-12-04-lr-sensitivity-pilot/runs; `lnexp results
+# DIR --lr-sensitivity` prints these numbers (bits/token) from them:
+PILOT_SENSITIVITY = {("post_ln", 0): math.nan, ("post_ln", 40): math.nan,
+                     ("pre_ln", 0): math.nan, ("pre_ln", 40): math.nan}
+# The rule: a claim's effect is half the difference the pilot saw in the claimed direction (half: one
+# seed's difference overstates a mean one as often as not, and the claim is planned to find less),
+# at least EFFECT_FLOOR (a grid-mean difference of 0.1 bit: one of the 7 lrs ending 0.7 bit apart,
+# the margin the atlas already calls parity for a final loss). A claim whose arms the pilot lacks
+# (qk_layernorm, 18+18, peri_ln) takes the smallest effect of the piloted ones: where nothing was
+# measured no larger effect is assumed.
+EFFECT_FLOOR = 0.1
+
+
+def _pilot_effect(*pairs: tuple[tuple[str, int], tuple[str, int]]) -> float:
+    """Half the pilot's smallest difference (B - A) over the pairs, at least EFFECT_FLOOR."""
+    gaps = [PILOT_SENSITIVITY[b] - PILOT_SENSITIVITY[a] for a, b in pairs]
+    return max(EFFECT_FLOOR, min(gaps) / 2) if all(math.isfinite(g) for g in gaps) else EFFECT_FLOOR
+
+
+SENS_WARMUP = _pilot_effect((("post_ln", 40), ("post_ln", 0)), (("pre_ln", 40), ("pre_ln", 0)))
+SENS_PRE_POST = _pilot_effect((("pre_ln", 0), ("post_ln", 0)))
+SENS_UNPILOTED = min(SENS_WARMUP, SENS_PRE_POST)
 BOTH = ("encoder", "decoder")
 LAST_RMS = tuple(f"last_rms.{s}" for s in BOTH)
 CLAIMS = (
@@ -164,6 +223,36 @@ CLAIMS = (
           "Pre-LN, no warm-up, at the grid's top lr: dt = 0.1 keeps the last-layer hidden-state RMS below "
           "dt = 1's in both stacks; smallest effect that matters 1.5x", "lower",
           ((At("pre_ln", lr="top", dt=0.1), At("pre_ln", lr="top")),), LAST_RMS, LOG2_1_5),
+    # the LR sensitivity over the half-decade grid (Wortsman et al. 2023, section 2.2), a seed's over
+    # its 7 cells; effects from the pilot above, by its rule
+    Claim("atlas_lr_sens_warmup",
+          "a longer warm-up lowers the LR sensitivity (Wortsman et al. 2023)",
+          f"6+6: warm-up 40 lowers the LR sensitivity of Post-LN and of Pre-LN; smallest effect that "
+          f"matters {SENS_WARMUP:.2g} bit", "lower",
+          tuple((At(p, warmup="on", lr=GRID), At(p, lr=GRID)) for p in ("post_ln", "pre_ln")),
+          (SENSITIVITY,), SENS_WARMUP),
+    Claim("atlas_lr_sens_qk_layernorm",
+          "qk-layernorm lowers the LR sensitivity (Wortsman et al. 2023: it curbs the attention logit "
+          "growth that fails high lrs)",
+          f"6+6, no warm-up: Pre-LN with qk-layernorm is less sensitive to the lr than Pre-LN; smallest "
+          f"effect that matters {SENS_UNPILOTED:.2g} bit", "lower",
+          ((At("qk_layernorm", lr=GRID), At("pre_ln", lr=GRID)),), (SENSITIVITY,), SENS_UNPILOTED),
+    Claim("atlas_lr_sens_depth",
+          "the LR sensitivity grows with depth, faster than with width (Wortsman et al. 2023)",
+          f"Pre-LN, no warm-up: 18+18 is more sensitive to the lr than 6+6; smallest effect that matters "
+          f"{SENS_UNPILOTED:.2g} bit", "lower",
+          ((At("pre_ln", lr=GRID), At("pre_ln", "deep", lr=GRID)),), (SENSITIVITY,), SENS_UNPILOTED),
+    Claim("atlas_lr_sens_pre_ln",
+          "Pre-LN trains without warm-up and at larger lrs where Post-LN is sensitive to both (Xiong et "
+          "al. 2020)",
+          f"6+6, no warm-up: Pre-LN is less sensitive to the lr than Post-LN; smallest effect that matters "
+          f"{SENS_PRE_POST:.2g} bit", "lower",
+          ((At("pre_ln", lr=GRID), At("post_ln", lr=GRID)),), (SENSITIVITY,), SENS_PRE_POST),
+    Claim("atlas_lr_sens_peri_ln",
+          "Peri-LN is more robust than Pre-LN to the learning rate (Kim et al. 2025)",
+          f"6+6, no warm-up: Peri-LN is less sensitive to the lr than Pre-LN; smallest effect that matters "
+          f"{SENS_UNPILOTED:.2g} bit", "lower",
+          ((At("peri_ln", lr=GRID), At("pre_ln", lr=GRID)),), (SENSITIVITY,), SENS_UNPILOTED),
 )
 TESTS = {
     "trains": "exact binomial test, share trained > 1/2 (Wilson intervals)",
@@ -176,7 +265,18 @@ TESTS = {
 
 def claim_cells(grid: Grid, claims: Iterable[Claim] = CLAIMS) -> list[tuple[Arm, float]]:
     """(arm, lr) of every cell the claims compare: their union, in claim order."""
-    return list(dict.fromkeys(a.key(grid) for c in claims for a in c.ats()))
+    return list(dict.fromkeys(k for c in claims for a in c.ats() for k in a.keys(grid)))
+
+
+def over_grid(claim: Claim) -> bool:
+    """The claim compares LR sensitivities (its cells span the half-decade grid)."""
+    return any(a.over_grid for a in claim.ats())
+
+
+def claims_for(grid: Grid, claims: Iterable[Claim] = CLAIMS) -> list[Claim]:
+    """The claims this grid can test: the LR-sensitivity ones only where it has a half-decade grid
+    (configs/experiment/atlas_lrs_SCALE.yaml)."""
+    return [c for c in claims if grid.sensitivity_lrs or not over_grid(c)]
 
 
 def no_norm(placement: str) -> bool:
@@ -243,14 +343,13 @@ def _stability(claim: Claim, a: At, b: At | None, grid: Grid, got: SeedsAt, alph
 
 def _paired(claim: Claim, a: At, b: At, m: str, grid: Grid, got: SeedsAt, alpha: float,
             alpha_refute: float) -> Part:
-    ca, cb = got.get(a.key(grid)), got.get(b.key(grid))
-    va, vb = (ca.by_seed(m) if ca else {}), (cb.by_seed(m) if cb else {})
+    va, vb = a.values(m, grid, got), b.values(m, grid, got)
     seeds = sorted(set(va) & set(vb))
     xa, xb = [va[s] for s in seeds], [vb[s] for s in seeds]
     what, unit = MEASURES[m]
     diffs = [y - x for x, y in zip(xa, xb, strict=True)]
     sd = statistics.stdev(diffs) if len(seeds) >= PILOT else PRIOR_SD[unit]
-    la, lb = a.short, b.short
+    la, lb = (a.short, b.short) if a.short != b.short else (a.arm(grid).label, b.arm(grid).label)
     numbers = {"a": a.text(grid), "b": b.text(grid), "measure": m, "seeds": seeds,
                "a_values": [round(x, 4) for x in xa], "b_values": [round(x, 4) for x in xb]}
     if claim.test == "less_spread":
@@ -324,25 +423,33 @@ class Verdict:
 def _next_cells(ats: list[At], n_target: int, grid: Grid, got: SeedsAt, tried: set[Cell],
                 max_seeds: int = MAX_SEEDS) -> list[Cell]:
     """The cells that bring each of these arms and lrs to ``n_target`` seeds, seed by seed across
-    them (so that the pairs fill evenly), seeds run or tried skipped."""
-    per: list[list[Cell]] = []
-    for a in ats:
-        arm, lr = a.key(grid)
-        runs = got.get((arm, lr))
-        have = {s for s, o in (runs.outcomes() if runs else {}).items() if o != "missing"}
-        free = [s for s in range(1, max_seeds + 1) if s not in have and Cell(arm, lr, s) not in tried]
-        per.append([Cell(arm, lr, s) for s in free[: max(0, n_target - len(have))]])
-    return [one[k] for k in range(max(map(len, per), default=0)) for one in per if k < len(one)]
+    them (the lowest seed of every arm first, so that the pairs fill evenly and an arm that lags is
+    caught up before the others run ahead), seeds run or tried skipped. A seed over the half-decade
+    grid is its cells at every lr (those not run yet, side by side); one whose cell was tried and
+    did not finish is skipped whole."""
+    groups: list[tuple[int, int, list[Cell]]] = []  # (seed, the arm's place, its cells)
+    for i, a in enumerate(ats):
+        arm, lrs = a.arm(grid), a.lrs_on(grid)
+        done = {lr: {s for s, o in got[(arm, lr)].outcomes().items() if o != "missing"}
+                if (arm, lr) in got else set() for lr in lrs}
+        have = set.intersection(*done.values())
+        failed = {c.seed for c in tried if c.arm == arm and c.lr in done and c.seed not in done[c.lr]}
+        free = [s for s in range(1, max_seeds + 1) if s not in have and s not in failed]
+        groups += [(s, i, [Cell(arm, lr, s) for lr in lrs if s not in done[lr]])
+                   for s in free[: max(0, n_target - len(have))]]
+    return [c for _, _, cells in sorted(groups, key=lambda g: g[:2]) for c in cells]
 
 
-def evaluate(grid: Grid, got: SeedsAt, claims: Iterable[Claim] = CLAIMS, tried: set[Cell] = frozenset(),
-             alpha: float = ALPHA, max_seeds: int = MAX_SEEDS) -> list[Verdict]:  # type: ignore[assignment]
-    """Every claim's verdict from the cells seen, Holm-adjusted across the claims, and for each one
-    undecided the runs that would decide it (the power each test has at the effect its claim states,
-    at the level Holm gives the first of the undecided claims), up to ``max_seeds`` seeds a cell."""
-    claims = list(claims)
+def evaluate(grid: Grid, got: SeedsAt, claims: Iterable[Claim] | None = None,
+             tried: set[Cell] = frozenset(), alpha: float = ALPHA,  # type: ignore[assignment]
+             max_seeds: int = MAX_SEEDS) -> list[Verdict]:
+    """Every claim's verdict (default: each the grid can test) from the cells seen, Holm-adjusted
+    across the claims, and for each one undecided the runs that would decide it (the power each test
+    has at the effect its claim states, at the level Holm gives the first of the undecided claims),
+    up to ``max_seeds`` seeds a cell."""
+    claims = claims_for(grid) if claims is None else list(claims)
     done = {Cell(a, lr, s) for (a, lr), runs in got.items() for s, o in runs.outcomes().items()
-            if o != "missing" and lr in grid.lrs}
+            if o != "missing" and lr in grid.all_lrs}
     broken = {(c.arm, c.lr) for c in tried if c not in done}
     out = [_verdict(c, grid, got, alpha / len(claims)) for c in claims]
     _holm(out, alpha)
@@ -357,8 +464,8 @@ def evaluate(grid: Grid, got: SeedsAt, claims: Iterable[Claim] = CLAIMS, tried: 
             n = max((p.n_needed for p in chosen), default=0)
             ats = _ats_of(v.claim, chosen, v.parts)
             have = min((p.n for p in chosen), default=0)
-            v.runs_needed = max(0, n - have) * len(ats)
-            if any(a.key(grid) in broken for a in ats):
+            v.runs_needed = max(0, n - have) * sum(len(a.lrs_on(grid)) for a in ats)  # cells
+            if any(k in broken for a in ats for k in a.keys(grid)):
                 v.note = (f"undecided: needs {v.runs_needed} more runs (a run of its cells failed in this "
                           "session: rerun lnexp atlas to retry)")
             elif n > max_seeds and (have >= PILOT or v.claim.test in STABILITY):
@@ -388,8 +495,7 @@ def _verdict(claim: Claim, grid: Grid, got: SeedsAt, alpha: float) -> Verdict:
     v = Verdict(claim, ps, max((p.p for p in ps), default=1.0),
                 min(1.0, len(ps) * min((p.p_refute for p in ps), default=1.0)))
     for a in claim.ats():
-        runs = got.get(a.key(grid))
-        v.n[a] = runs.finished if runs else 0
+        v.n[a] = len(a.seeds(grid, got))
     if claim.no_norm:
         normed = [a.scheme for a in claim.ats() if not no_norm(Scheme.of(a.scheme).placement)]
         if normed:
@@ -404,6 +510,22 @@ def _holm(verdicts: list[Verdict], alpha: float) -> None:
     for v, s, ps, r, pr in zip(verdicts, sup, p_sup, ref, p_ref, strict=True):
         v.p_holm, v.p_refute_holm = ps, pr
         v.verdict = "supported" if s else "not supported" if r else "undecided"
+
+
+def planned(grid: Grid, claims: Iterable[Claim] | None = None) -> list[dict[str, Any]]:
+    """Per claim, what deciding it costs before any run (``lnexp atlas --claims-cost``): the seeds a
+    cell its test needs at its stated effect (a paired claim's at the prior sd, PRIOR_SD; at Holm's
+    first level, every claim undecided; no seed cap), and its cells by depth."""
+    out = []
+    for v in evaluate(grid, {}, claims, max_seeds=S.MAX_N + 1):
+        n = max((p.n_needed for p in v.parts), default=0)
+        by_depth: dict[int, int] = {}
+        for a in _ats_of(v.claim, v.parts, v.parts):
+            d = a.arm(grid).depth
+            by_depth[d] = by_depth.get(d, 0) + n * len(a.lrs_on(grid))
+        out.append({"claim": v.claim.id, "test": v.claim.test, "effect": v.claim.effect, "seeds": n,
+                    "cells": sum(by_depth.values()), "by_depth": by_depth})
+    return out
 
 
 def needs(verdicts: list[Verdict], cost: dict[int, float]) -> list[Need]:

@@ -63,6 +63,9 @@ def main(argv: list[str]) -> int:
     if args.full:
         print("\n".join(full_grid_commands(args.scale, grid)))
         return Exit.OK
+    if args.claims_cost:
+        print(claims_cost(grid))
+        return Exit.OK
     _check_cell_overrides(setup, args.scale, grid)
     read_state(setup.runs_root)  # a damaged one is refused before anything is written
     cores, gpus, found = machine(list(setup.overrides))
@@ -118,6 +121,8 @@ def _parser(known: dict[str, str]) -> ArgumentParser:
     )
     ap.add_argument("--full", action="store_true",
                     help="print the full grid's lnexp train -m commands and exit")
+    ap.add_argument("--claims-cost", action="store_true",
+                    help="print the cells each claim needs at its stated effect (before any run) and exit")
     ap.add_argument(
         "--yes", action="store_true",
         help="train a GPU scale (gpu, paper: the paper's model) on this machine's CPU with no budget "
@@ -129,6 +134,32 @@ def _parser(known: dict[str, str]) -> ArgumentParser:
         "hydra/launcher=basic is not needed; max_update=20 for a smoke test)",
     )
     return ap
+
+
+def claims_cost(grid: Grid) -> str:
+    """What ``--claims-cost`` prints: per claim the seeds a cell and the cells by depth that its test
+    needs at its stated effect, planned before any run (lnexp.atlas.claims.planned), and the total."""
+    from lnexp.plural import count
+
+    rows = C.planned(grid)
+    depths = sorted({d for r in rows for d in r["by_depth"]})
+    head = ["claim", "test", "effect", "seeds a cell", *(f"cells {d}+{d}" for d in depths)]
+    cells = [head] + [[r["claim"], r["test"], "-" if r["test"] in C.STABILITY else f"{r['effect']:.3g}",
+                       str(r["seeds"]),
+                       *(f"{r['by_depth'].get(d, 0):,}" for d in depths)] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    total = {d: sum(r["by_depth"].get(d, 0) for r in rows) for d in depths}
+    return "\n".join([
+        f"lnexp atlas: what deciding each of {count(len(rows), 'claim')} costs before any run: the seeds a "
+        f"cell its test needs at its stated effect (stability: {C.SHARES[0]:g} of seeds train against "
+        f"{C.SHARES[1]:g}; paired ones at the prior sd, "
+        + ", ".join(f"{sd:g} {unit}" for unit, sd in C.PRIOR_SD.items())
+        + f"), at Holm's first level ({C.ALPHA:g}/{len(rows)}), every cell of the claim at every seed",
+        *lines,
+        "total: " + ", ".join(f"{total[d]:,} cells at {d}+{d}" for d in depths)
+        + " (cells two claims share counted in each)",
+    ])
 
 
 def _checked_setup(args) -> LaunchSetup:

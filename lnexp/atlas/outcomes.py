@@ -24,6 +24,7 @@ from lnexp.run_status import atlas_outcome
 from lnexp.rundir import run_paths
 
 FAILED = ("plateau", "diverged")
+SENSITIVITY = "lr_sensitivity"  # the measure over an lr grid (Wortsman et al. 2023), not over one run
 
 
 def final(run: Run, key: str) -> float:
@@ -154,6 +155,8 @@ def norms_of(run: Run) -> dict[str, dict[str, float]]:
 
 MEASURES = {  # name -> (what it is, unit)
     "valid_loss": ("final valid loss", "bits/token"),
+    # not one run's: a seed's runs over the half-decade lr grid (sensitivity_by_seed)
+    SENSITIVITY: ("LR sensitivity over the half-decade grid", "bits/token"),
     "last_rms.encoder": ("encoder last-layer hidden-state RMS", "log2"),
     "last_rms.decoder": ("decoder last-layer hidden-state RMS", "log2"),
     "deep_grad.encoder": ("encoder FFN gradient norm, last third of the layers", "log2"),
@@ -162,7 +165,10 @@ MEASURES = {  # name -> (what it is, unit)
 
 
 def measure(run: Run, name: str) -> float:
-    """One of MEASURES for a run whose loss is finite (nan otherwise): ratios are compared as log2."""
+    """One of MEASURES for a run whose loss is finite (nan otherwise): ratios are compared as log2.
+    SENSITIVITY is a seed's over its grid, not a run's: :func:`sensitivity_by_seed`."""
+    if name == SENSITIVITY:
+        raise ValueError(f"{SENSITIVITY} is measured over a seed's lr grid: use sensitivity_by_seed")
     loss = final(run, "valid_loss")
     if not math.isfinite(loss):
         return math.nan
@@ -230,6 +236,29 @@ def seeds_at(runs: Iterable[Run]) -> SeedsAt:
         a, lr = arm_of(r), float(r.get("lr"))
         out.setdefault((a, lr), Seeds(a, lr)).runs.append(r)
     return dict(sorted(out.items()))
+
+
+def sensitivity_by_seed(got: SeedsAt, arm: Arm, lrs: tuple[float, ...]) -> dict[int, float]:
+    """{seed: the arm's LR sensitivity over ``lrs``} for each seed whose run at every lr has finished
+    (a seed of the grid is one seed of every lr: common random numbers); a seed that lacks an lr
+    has none. The measure is lnexp.lr_sensitivity's: each run's final valid loss (a diverged run's
+    not finite), capped at its loss at initialisation."""
+    from lnexp.lr_sensitivity import final_loss, loss_at_init
+    from lnexp.stats import lr_sensitivity
+
+    per_lr = [{int(r.get("seed")): r for r in got[(arm, lr)].runs} if (arm, lr) in got else {} for lr in lrs]
+    seeds = set.intersection(*(set(d) for d in per_lr)) if lrs else set()
+    out = {}
+    for s in sorted(seeds):
+        runs = [d[s] for d in per_lr]
+        final = [final_loss(r) for r in runs]
+        if any(f is None for f in final):  # not finished
+            continue
+        value = lr_sensitivity(dict(zip(lrs, final, strict=True)),
+                               {lr: loss_at_init(r) for lr, r in zip(lrs, runs, strict=True)}, lrs)
+        if value.complete and math.isfinite(value.value):
+            out[s] = value.value
+    return out
 
 
 def boundary(states: list[bool | None]) -> tuple[int, int]:

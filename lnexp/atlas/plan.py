@@ -8,7 +8,8 @@ lr (so that every arm has the cell the loss-at-a-shared-lr chart needs). Once th
 bracketed (a stable lr next to an unstable one, or a stable top / unstable bottom), the cells on
 both sides get the extra seeds. A cell is stable when every seed run there trained
 (lnexp.atlas.outcomes.stable_of). The rounds: coverage (:func:`coverage`), the claims
-(:func:`allocate` over lnexp.atlas.claims' needs), then the bisection phases (:func:`phases`).
+(:func:`allocate` over lnexp.atlas.claims' needs), the LR sensitivity's zoo column
+(:func:`zoo_column`), then the bisection phases (:func:`phases`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def coverage(grid: Grid, schemes: Iterable[Scheme]) -> list[Cell]:
     the row of the atlas's table every scheme gets before any claim round."""
     shallow = min(grid.depths)
     return [Cell(Arm(sc, w, shallow), grid.shared_lr, grid.seeds[0]) for sc in schemes for w in grid.warmups]
+
+
+def zoo_column(grid: Grid, schemes: Iterable[Scheme]) -> list[Cell]:
+    """Every scheme's shallow cells over the half-decade lr grid, with and without warm-up, on the
+    first seed: its LR sensitivity in the atlas's table; scheme by scheme, so that a round the
+    budget cuts leaves whole rows."""
+    shallow = min(grid.depths)
+    return [Cell(Arm(sc, w, shallow), lr, grid.seeds[0]) for sc in schemes for w in grid.warmups
+            for lr in grid.sensitivity_lrs]
 
 
 def phases(grid: Grid, schemes: list[Scheme]) -> list[tuple[str, list[Arm], tuple[int, ...]]]:

@@ -4,7 +4,11 @@ rounds, each trained by a :class:`lnexp.atlas.launchers.Launcher`, ``jobs`` at a
 
 Rounds, in order: coverage (every scheme at the shared lr, with and without warm-up, seed 1), the
 claims (lnexp.atlas.claims: each round's slots to the undecided claim cheapest to decide,
-lnexp.atlas.plan.allocate), then the bisection phases with what the budget has left. A round
+lnexp.atlas.plan.allocate), the zoo column (every scheme's LR sensitivity at the shallow depth, with
+and without warm-up, seed 1, over the half-decade grid), then the bisection phases with what the
+budget has left. The zoo column comes before the bisection: it is the only source of the table's
+sensitivity column, and its seven lrs over three decades already bracket each of those arms' largest
+stable lr within a half-decade, which the bisection then refines on the log2 grid. A round
 launches the longest prefix of its cells that ends within the budget (lnexp.atlas.plan.fits); a
 round the budget cut is offered again, as runs faster than their estimate leave room.
 
@@ -25,10 +29,10 @@ from pathlib import Path
 
 from lnexp.atlas import claims as C
 from lnexp.atlas.budget import Budget, read_doc
-from lnexp.atlas.grid import Grid, experiment_name, read_grid, run_length
+from lnexp.atlas.grid import Grid, experiments, read_grid, run_length
 from lnexp.atlas.launchers import Ended, Launcher
 from lnexp.atlas.outcomes import Cell, Scheme, SeedsAt, arm_of, outcome, seeds_at
-from lnexp.atlas.plan import Seen, allocate, coverage, fits, next_cells, phases
+from lnexp.atlas.plan import Seen, allocate, coverage, fits, next_cells, phases, zoo_column
 from lnexp.atlas.resources import first_cost
 from lnexp.atlas.schemes import same_networks
 from lnexp.atlas.schemes import schemes as all_schemes
@@ -47,19 +51,20 @@ def read_plan(runs_root: Path) -> dict:
     return doc if doc is not None else {}
 
 
-def claims_of(schemes: list[Scheme]) -> list[C.Claim]:
-    """The claims whose every scheme is among ``schemes`` (all of them by default)."""
-    return [c for c in C.CLAIMS if all(Scheme.of(a.scheme) in schemes for a in c.ats())]
+def claims_of(schemes: list[Scheme], grid: Grid) -> list[C.Claim]:
+    """The claims whose every scheme is among ``schemes`` and that ``grid`` can test (the LR
+    sensitivity's need its half-decade grid)."""
+    return [c for c in C.claims_for(grid) if all(Scheme.of(a.scheme) in schemes for a in c.ats())]
 
 
 class SeenRuns:
-    """Finished runs of the atlas's experiments (atlas_SCALE, and atlas_dt_SCALE's dt column) under
-    ``runs_root``, grouped by arm and the grid's lr. A finished run does not change, so each folder
-    is read once (reading a run costs ~15 ms)."""
+    """Finished runs of the atlas's experiments (atlas_SCALE, atlas_dt_SCALE's dt column and
+    atlas_lrs_SCALE's half-decade grid) under ``runs_root``, grouped by arm and the grid's lr (either
+    grid's). A finished run does not change, so each folder is read once (reading a run costs ~15 ms)."""
 
     def __init__(self, runs_root: Path, grid: Grid, scale: str) -> None:
         self.root, self.grid = runs_root, grid
-        self.experiments = (experiment_name(scale), f"atlas_dt_{scale}")
+        self.experiments = tuple(experiments(scale))
         self.final: dict[Path, Run | None] = {}
 
     def __call__(self) -> SeedsAt:
@@ -95,12 +100,12 @@ class SeenRuns:
         return out
 
     def _lr(self, run: Run) -> bool:
-        """The run's lr is one of the grid's."""
-        lr = float(run.get("lr", math.nan))
-        return any(math.isclose(x, lr, rel_tol=1e-6) for x in self.grid.lrs)
+        """The run's lr is one of the grid's (the log2 grid's or the half-decade one's)."""
+        return self.grid.on_grid(float(run.get("lr", math.nan))) is not None
 
     def _on_grid(self, lr: float) -> float:
-        return next(x for x in self.grid.lrs if math.isclose(x, lr, rel_tol=1e-6))
+        """The grid's value of a run's lr (as its config wrote it)."""
+        return self.grid.on_grid(lr) or lr
 
 
 class _Stopped(Exception):
@@ -110,15 +115,16 @@ class _Stopped(Exception):
 class AtlasRun:
     """The rounds of cells of one atlas until every phase is done, the budget cannot hold the next
     cell, or a signal stops it. ``schemes``: the schemes trained; ``max_seeds``: seeds per arm at
-    most; ``launcher``: trains each round's cells (with the overrides every cell gets)."""
+    most; ``launcher``: trains each round's cells (with the overrides every cell gets); ``claims``:
+    those pursued (default: every claim of these schemes that the grid can test)."""
 
     def __init__(self, runs_root: Path, scale: str, budget: Budget, jobs: int, launcher: Launcher,
                  grid: Grid, schemes: list[Scheme], max_seeds: int,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, claims: list[C.Claim] | None = None) -> None:
         self.root, self.scale, self.budget, self.jobs = runs_root, scale, budget, jobs
         self.launcher, self.grid, self.schemes = launcher, grid, schemes
         self.max_seeds, self.log = max_seeds, log
-        self.claims = claims_of(schemes)
+        self.claims = claims_of(schemes, grid) if claims is None else claims
         self.seen = SeenRuns(runs_root, grid, scale)
         self.tried: set[Cell] = set()  # launched in this session
         self.session: list[Cell] = []  # ended in this session (finished, failed or stopped)
@@ -126,8 +132,8 @@ class AtlasRun:
         self.plan: dict = {
             "scale": scale, "budget_s": budget.budget_s, "jobs": jobs,
             "launcher": getattr(launcher, "name", type(launcher).__name__), "lrs": grid.lrs,
-            "shared_lr": grid.shared_lr, "max_seeds": max_seeds, "launched": [], "interrupted": [],
-            "failed": [], "not_run": [], "stopped": None, "claims": {},
+            "shared_lr": grid.shared_lr, "sensitivity_lrs": grid.sensitivity_lrs, "max_seeds": max_seeds,
+            "launched": [], "interrupted": [], "failed": [], "not_run": [], "stopped": None, "claims": {},
             "same_network": same_networks(),  # placements not run: their cells are these ones'
         }
 
@@ -139,7 +145,9 @@ class AtlasRun:
         """The rounds, then each claim's verdict; returns the plan (also written to the plan file)."""
         self.root.mkdir(parents=True, exist_ok=True)
         g, jobs = self.grid, f"{self.jobs} {'job' if self.jobs == 1 else 'jobs'}"
-        self.log(f"lnexp atlas: {len(self.schemes)} schemes, lrs {', '.join(f'{x:g}' for x in g.lrs)}, "
+        sens = (f" (LR sensitivity over {', '.join(f'{x:g}' for x in g.sensitivity_lrs)})"
+                if g.sensitivity_lrs else "")
+        self.log(f"lnexp atlas: {len(self.schemes)} schemes, lrs {', '.join(f'{x:g}' for x in g.lrs)}{sens}, "
                  f"warm-up {g.warmups}, depth {g.depths}; {self.budget.header()}, {jobs}, at most "
                  f"{self.max_seeds} seeds a cell")
         for copy, of in self.plan["same_network"].items():
@@ -178,12 +186,15 @@ class AtlasRun:
     # --- the rounds ---
 
     def _rounds(self) -> str:
-        """Coverage, the claims, the bisection phases, each while the budget holds their cells;
-        what stopped them."""
+        """Coverage, the claims, the zoo column, the bisection phases, each while the budget holds
+        their cells; what stopped them."""
         if not self._coverage():
             return f"budget: the coverage cells did not fit in {max(self.budget.remaining(), 0):.0f} s"
         if not self._claim_rounds():
             return f"budget: the claims' next cells did not fit in {max(self.budget.remaining(), 0):.0f} s"
+        if not self._zoo_column():
+            return (f"budget: the zoo column's next cells did not fit in "
+                    f"{max(self.budget.remaining(), 0):.0f} s")
         for name, arms, seeds in phases(self.grid, self.schemes):
             # a cell tried once in this session and still unfinished (the run failed) is not retried
             # now: it is what a rerun retries, and it cannot hold the rounds in a loop
@@ -195,9 +206,19 @@ class AtlasRun:
         return "done: every phase finished"
 
     def _coverage(self) -> bool:
-        while cover := self._unfinished(coverage(self.grid, self.schemes)):
-            self.log(f"lnexp atlas: coverage: {len(cover)} cells; {self.budget.left()}")
-            if not self.launch(cover):
+        return self._fixed("coverage", coverage(self.grid, self.schemes))
+
+    def _zoo_column(self) -> bool:
+        """Every scheme's LR sensitivity at the shallow depth, with and without warm-up (seed 1):
+        the half-decade grid's cells not run yet (none where the scale has no such grid)."""
+        return self._fixed("LR sensitivity, zoo column", zoo_column(self.grid, self.schemes))
+
+    def _fixed(self, name: str, cells: list[Cell]) -> bool:
+        """A phase of cells known before it starts: rounds until each has run (or was tried); False
+        when the budget holds none of those left."""
+        while left := self._unfinished(cells):
+            self.log(f"lnexp atlas: {name}: {len(left)} cells; {self.budget.left()}")
+            if not self.launch(left):
                 return False
         return True
 
@@ -290,12 +311,14 @@ class AtlasRun:
 def run_atlas(runs_root: Path, scale: str, budget_s: float, jobs: int, launcher: Launcher,
               grid: Grid | None = None, log: Callable[[str], None] = print,
               schemes: list[Scheme] | None = None, cost_s: dict[int, float] | None = None,
-              max_seeds: int | None = None, costs_for: dict | None = None) -> dict:
+              max_seeds: int | None = None, costs_for: dict | None = None,
+              claims: list[C.Claim] | None = None) -> dict:
     """An :class:`AtlasRun` with its :class:`Budget` (``cost_s``: a cell's seconds by depth until
     cells are measured; default: 2 CPU cores' at the experiment's length; ``costs_for``: what the
-    measured costs hold for) run; returns its plan (``plan["stopped"]`` says why it ended)."""
+    measured costs hold for; ``claims``: those pursued, by default every one the schemes and grid
+    can test) run; returns its plan (``plan["stopped"]`` says why it ended)."""
     grid = grid or read_grid(scale)
     first = cost_s or first_cost(scale, grid.depths, 0, run_length(scale), gpu=False)
     budget = Budget(runs_root, budget_s, first, costs_for, log)
     return AtlasRun(runs_root, scale, budget, jobs, launcher, grid, schemes or all_schemes(),
-                    max_seeds or C.MAX_SEEDS, log).run()
+                    max_seeds or C.MAX_SEEDS, log, claims).run()

@@ -1,13 +1,15 @@
 """``lnexp figure atlas``: where each normalisation scheme trains, stalls or diverges, and the zoo
 papers' claims answered by their tests.
 
-Reads the runs of ``experiment=atlas_SCALE`` (and ``atlas_dt_SCALE``'s dt column) through
-lnexp.atlas.outcomes, computes every claim's verdict with lnexp.atlas.claims (the records the
-driver chose the cells from) and writes figures/atlas_maps, atlas_lr, atlas_loss, atlas_growth
-(PNG + PDF, drawn by atlas_zoo.py), atlas.csv (one row per run), atlas_summary.csv (one row per
-cell, with the Wilson interval of its trained share), atlas_lr.csv, atlas_loss.csv,
-atlas_growth.csv, atlas_table.md and atlas_checks.json (per claim: its test, arms with n,
-statistic, raw and Holm-adjusted p, verdict; the date and machine measured).
+Reads the runs of ``experiment=atlas_SCALE`` (and ``atlas_dt_SCALE``'s dt column,
+``atlas_lrs_SCALE``'s half-decade grid) through lnexp.atlas.outcomes, computes every claim's verdict
+with lnexp.atlas.claims (the records the driver chose the cells from) and writes
+figures/atlas_maps, atlas_lr, atlas_loss, atlas_growth (PNG + PDF, drawn by atlas_zoo.py), where an
+arm has a seed over the whole half-decade grid atlas_lr_sensitivity (drawn by lr_sensitivity.py,
+with atlas_lr_sensitivity.csv and atlas_lr_curves.csv), atlas.csv (one row per run),
+atlas_summary.csv (one row per cell, with the Wilson interval of its trained share), atlas_lr.csv,
+atlas_loss.csv, atlas_growth.csv, atlas_table.md and atlas_checks.json (per claim: its test, arms
+with n, statistic, raw and Holm-adjusted p, verdict; the date and machine measured).
 """
 
 from __future__ import annotations
@@ -18,9 +20,19 @@ from collections import defaultdict
 from typing import Any
 
 from lnexp.atlas import claims as C
-from lnexp.atlas.grid import Grid, read_grid
-from lnexp.atlas.outcomes import OUTCOMES, SeedsAt, final, largest_stable, norms_of, outcome, seeds_at
+from lnexp.atlas.grid import Grid, experiments, read_grid
+from lnexp.atlas.outcomes import (
+    OUTCOMES,
+    SeedsAt,
+    arm_of,
+    final,
+    largest_stable,
+    norms_of,
+    outcome,
+    seeds_at,
+)
 from lnexp.figures import atlas_zoo as Z
+from lnexp.figures import lr_sensitivity as F
 from lnexp.figures import runs as R
 from lnexp.figures.checks import Check, write_checks
 from lnexp.figures.figure import Figure
@@ -38,13 +50,14 @@ CELL_FIELDS = ("scheme", "depth", "warmup", "dt", "lr", "seeds", *OUTCOMES, "sta
                "trained_high", "mean_valid_loss")
 TABLES = ("atlas.csv", "atlas_summary.csv", "atlas_lr.csv", "atlas_loss.csv", "atlas_growth.csv",
           "atlas_table.md", "atlas_checks.json")
+SENSITIVITY_TABLES = ("atlas_lr_sensitivity.csv", "atlas_lr_curves.csv")  # where an arm has a whole grid
 
 FIGURE = Figure(
     "atlas", "stability atlas: scheme x lr x warm-up x depth (x dt), and the zoo papers' claims tested",
     "Stability atlas: every scheme x peak lr x warm-up x depth, the zoo papers' claims tested", order=5,
-    experiments=lambda scale: [f"atlas_{scale}", f"atlas_dt_{scale}"],
-    images=("atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth"),
-    summary_columns=CELL_FIELDS)
+    experiments=experiments,
+    images=("atlas_maps", "atlas_lr", "atlas_loss", "atlas_growth", "atlas_lr_sensitivity"),
+    summary_columns=CELL_FIELDS, tables=("atlas_table.md",))
 
 
 def run_row(run: Run) -> dict[str, Any]:
@@ -81,17 +94,20 @@ def to_check(v: C.Verdict, grid: Grid) -> Check:
 
 def atlas_grid(scale: str, plan: dict, got: SeedsAt) -> Grid:
     """The grid lnexp atlas chose from (its plan's lrs and shared lr, else the experiment's), so that
-    a bound is known only against it, not against the lrs that happened to run."""
+    a bound is known only against it, not against the lrs that happened to run; the half-decade
+    grid's lrs (the LR sensitivity's) stay out of it."""
     try:
         g = read_grid(scale)
     except Exception:  # a scale without the grid: what the runs show
         lrs = sorted({lr for _, lr in got})
         g = Grid(tuple(lrs), (0,), (6,), (1,), lrs[min(1, len(lrs) - 1)])
-    lrs = tuple(sorted(set(plan.get("lrs") or g.lrs) | {lr for _, lr in got}))
+    sens = tuple(plan["sensitivity_lrs"] if "sensitivity_lrs" in plan else g.sensitivity_lrs)
+    log2 = set(plan.get("lrs") or g.lrs)
+    lrs = tuple(sorted(log2 | {lr for _, lr in got if lr not in sens}))
     shared = plan.get("shared_lr") or g.shared_lr
     depths = tuple(sorted(set(g.depths) | {a.depth for a, _ in got}))
     warmups = tuple(sorted(set(g.warmups) | {a.warmup for a, _ in got}))
-    return Grid(lrs, warmups, depths, g.seeds, min(lrs, key=lambda x: abs(math.log(x / shared))))
+    return Grid(lrs, warmups, depths, g.seeds, min(lrs, key=lambda x: abs(math.log(x / shared))), sens)
 
 
 def main(argv: list[str]) -> int:
@@ -110,7 +126,9 @@ def main(argv: list[str]) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "atlas.csv", RUN_FIELDS, [run_row(r) for r in runs])
     write_csv(args.out / "atlas_summary.csv", CELL_FIELDS, [cell_row(c) for c in got.values()])
-    paths, plan_note = draw(got, grid, args, plan)
+    sens_paths, sens_rows = draw_sensitivity(runs, grid, args)
+    paths, plan_note = draw(got, grid, args, plan, sens_rows)
+    paths += sens_paths
     counts = {o: sum(outcome(r) == o for r in runs) for o in OUTCOMES}
     decided = sum(v.verdict != "undecided" for v in verdicts)
     write_checks(args.out, "atlas", args.scale, cks, {
@@ -122,12 +140,42 @@ def main(argv: list[str]) -> int:
         "max_update": sorted({r.get("max_update") for r in runs}, key=str),
         "stable_means": "every finished seed of the cell trained: no NaN/inf, not on the unigram plateau",
         "plan": plan_note})
-    R.print_outputs(cks, paths, args.out, TABLES, marks=("supported", "NOT supported", "undecided"))
+    tables = TABLES + (SENSITIVITY_TABLES if sens_paths else ())
+    R.print_outputs(cks, paths, args.out, tables, marks=("supported", "NOT supported", "undecided"))
     return 0
 
 
-def draw(got: SeedsAt, grid: Grid, args, plan: dict) -> tuple[list, str]:
-    """The four figures, their CSVs and the per-scheme table; the note says what the budget left out."""
+def draw_sensitivity(runs: list[Run], grid: Grid, args) -> tuple[list, list[dict[str, Any]]]:
+    """The LR-sensitivity figure and its CSVs, from the arms with a seed over the whole half-decade
+    grid (that seed's runs; a seed lacking an lr is left out, said in the note); none where no arm
+    has one. Returns the figure's paths and its sensitivity rows (the per-scheme table's column)."""
+    lrs = list(grid.sensitivity_lrs)
+    if not lrs:
+        return [], []
+    from lnexp.figures import style
+    from lnexp.lr_sensitivity import measure
+
+    _, rows = measure(runs, arm_of=arm_of, grid=lrs)
+    whole = [r for r in rows if r.result.complete and r.arm.dt == 1.0]
+    if not whole:
+        return [], []
+    curves, sens = F.curve_rows(whole, lrs), F.sensitivity_rows(whole)
+    write_csv(args.out / "atlas_lr_curves.csv", F.CURVE_FIELDS, curves)
+    write_csv(args.out / "atlas_lr_sensitivity.csv", F.SENSITIVITY_FIELDS, sens)
+    partial = sum(bool(r.final) and not r.result.complete for r in rows)
+    note = (f"scale={args.scale}; lrs {', '.join(f'{x:g}' for x in lrs)}; {count(len(whole), 'arm-seed')} "
+            f"over the whole grid" + (f", {partial} with lrs missing left out" if partial else "")
+            + "; line = mean over seeds, capped at the loss at init (Wortsman et al. 2023)")
+    caveat = F.caveat([s["scheme"] for s in sens])
+    paths = style.save(F.draw(curves, sens), args.out, "atlas_lr_sensitivity",
+                       note + (f"\n{caveat}" if caveat else ""))
+    return paths, sens
+
+
+def draw(got: SeedsAt, grid: Grid, args, plan: dict,
+         sens_rows: list[dict[str, Any]] | None = None) -> tuple[list, str]:
+    """The four figures, their CSVs and the per-scheme table (with ``sens_rows``' LR sensitivities);
+    the note says what the budget left out."""
     from lnexp.figures import style
 
     lrs, shared = list(grid.lrs), grid.shared_lr
@@ -162,7 +210,7 @@ def draw(got: SeedsAt, grid: Grid, args, plan: dict) -> tuple[list, str]:
     write_csv(args.out / "atlas_lr.csv", Z.LR_FIELDS, lr_rows)
     write_csv(args.out / "atlas_loss.csv", Z.LOSS_FIELDS, loss_rows)
     write_csv(args.out / "atlas_growth.csv", Z.GROWTH_FIELDS, growth_rows)
-    table = Z.scheme_table(lr_rows, loss_rows, ordered, depths, warmups, shared)
+    table = Z.scheme_table(lr_rows, loss_rows, ordered, depths, warmups, shared, sens_rows or [])
     write_text(args.out / "atlas_table.md", table)
     base = f"scale={args.scale}; {len(ordered)} schemes, sorted by largest stable lr at depth {min(depths)}"
     paths = style.save(Z.draw_maps(got, ordered, lrs, depths), args.out, "atlas_maps",

@@ -57,6 +57,10 @@ def bound_text(row: dict[str, Any] | None) -> str:
     return f"{lr:g} ok, {fail:g} fails" if fail is not None else f"≥ {lr:g}"
 
 
+def _arm_name(depth: int, warmup: int) -> str:
+    return f"{depth}+{depth}, " + (f"warm-up {warmup}" if warmup else "no warm-up")
+
+
 def scheme_table(
     lr_rows: list[dict[str, Any]],
     loss_rows: list[dict[str, Any]],
@@ -64,15 +68,25 @@ def scheme_table(
     depths: list[int],
     warmups: list[int],
     shared: float,
+    sens_rows: list[dict[str, Any]] | None = None,
 ) -> str:
     """The per-scheme table (atlas_table.md, quoted in docs/atlas.md): per arm the largest stable lr
-    and the final valid loss at the shared lr (mean over seeds, n when more than one)."""
+    and the final valid loss at the shared lr (mean over seeds, n when more than one); where arms
+    have one (``sens_rows``: lnexp.figures.lr_sensitivity.sensitivity_rows), a column per such arm
+    of the LR sensitivity over the half-decade grid (the zoo column: 6+6 with and without warm-up)."""
+    from lnexp.figures.lr_sensitivity import caveat, mark
+
     bounds = {(r["scheme"], r["depth"], r["warmup"]): r for r in lr_rows}
     losses = {(r["scheme"], r["depth"], r["warmup"]): r for r in loss_rows}
+    sens = {(r["scheme"], r["depth"], r["warmup"]): r for r in sens_rows or [] if r["complete_seeds"]}
     arms = [(d, w) for d in depths for w in warmups]
-    head = ["scheme", *[f"{d}+{d}, " + (f"warm-up {w}" if w else "no warm-up") for d, w in arms]]
+    sens_arms = [(d, w) for d, w in arms if any(k[1:] == (d, w) for k in sens)]
+    head = ["scheme", *[_arm_name(d, w) for d, w in arms],
+            *[f"LR sensitivity, {_arm_name(d, w)}" for d, w in sens_arms]]
     lines = [
-        f"Largest stable lr; final valid loss (bits/token) at the shared lr {shared:g}, mean over seeds.",
+        f"Largest stable lr; final valid loss (bits/token) at the shared lr {shared:g}, mean over seeds."
+        + (" LR sensitivity (Wortsman et al. 2023): bits/token over the half-decade lr grid, mean over the "
+           "seeds with every lr (n when more than one)." if sens_arms else ""),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -84,8 +98,13 @@ def scheme_table(
             if m is not None and m["mean_valid_loss"] is not None and math.isfinite(m["mean_valid_loss"]):
                 text += f"; {m['mean_valid_loss']:.2f}" + (f" (n={m['n']})" if m["n"] > 1 else "")
             cells.append(text)
-        lines.append(f"| {label(s)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        for d, w in sens_arms:
+            r = sens.get((s, d, w))
+            n = r["complete_seeds"] if r else 0
+            cells.append(f"{r['mean']:.2f}" + (f" (n={n})" if n > 1 else "") if r else "not run")
+        lines.append(f"| {label(s)}{mark(s) if sens_arms else ''} | " + " | ".join(cells) + " |")
+    note = caveat(schemes) if sens_arms else ""
+    return "\n".join(lines + (["", note] if note else [])) + "\n"
 
 
 def _colour(scheme: str) -> str:

@@ -19,7 +19,7 @@ class Figure:
     the words before " (" and before ":"); ``experiments(scale)``: the experiment configs whose runs
     it draws (none: it measures models itself); ``images``: figures it draws beside NAME.png;
     ``summary_columns``: the NAME_summary.csv columns the report tabulates (None: the run
-    figures' columns)."""
+    figures' columns); ``tables``: Markdown files it writes that the report shows as they are."""
 
     name: str
     help: str
@@ -28,3 +28,4 @@ class Figure:
     experiments: Callable[[str], list[str]] = _none
     images: tuple[str, ...] = ()
     summary_columns: tuple[str, ...] | None = None
+    tables: tuple[str, ...] = ()

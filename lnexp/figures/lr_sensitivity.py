@@ -5,6 +5,8 @@ drawn dashed; beside them each arm's sensitivity with its 95% t-interval over se
 
 Its rows come from lnexp.lr_sensitivity.measure (one per arm and seed); ``lnexp figure atlas``
 draws it for the atlas's half-decade grid, and ``curve_rows``/``sensitivity_rows`` are its CSVs.
+A scheme that changes what the lr means (``LR_MEANING``) is marked: Wortsman et al.'s appendix B
+says the measure says little there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,28 @@ CURVE_FIELDS = ("scheme", "depth", "warmup", "lr", "seeds", "mean_final_loss", "
                 "mean_loss_at_init", "diverged")
 SENSITIVITY_FIELDS = ("scheme", "depth", "warmup", "arm", "seeds", "complete_seeds", "mean", "ci_low",
                       "ci_high", "per_seed")
+# placements whose lr is not Adam's plain step on every weight (Wortsman et al. 2023, appendix B: the
+# measure says little where a scheme changes what the lr means), and how
+LR_MEANING = {
+    "ngpt": "nGPT renormalises its weights after each step and learns its own step sizes (eigen lrs)",
+    "rezero": "ReZero's gates start at 0: the lr sets how fast each residual branch opens",
+    "rezero_per_sublayer": "ReZero's gates start at 0: the lr sets how fast each residual branch opens",
+}
+MARK = "†"
+
+
+def mark(scheme: str) -> str:
+    """" †" where the scheme changes what the lr means, else ''."""
+    return f" {MARK}" if scheme.partition("+")[0] in LR_MEANING else ""
+
+
+def caveat(schemes: list[str]) -> str:
+    """The note under a figure or table naming the marked schemes among ``schemes`` ('' if none)."""
+    hit = sorted({s.partition("+")[0] for s in schemes} & set(LR_MEANING))
+    if not hit:
+        return ""
+    return (f"{MARK} {', '.join(hit)} change what the lr means (Wortsman et al. 2023, appendix B: the "
+            "measure says little there): " + "; ".join(dict.fromkeys(LR_MEANING[h] for h in hit)))
 
 
 def _panel(arm: Any) -> tuple[int, int]:
@@ -96,7 +120,7 @@ def draw(curves: list[dict[str, Any]], sens: list[dict[str, Any]]):
         for scheme in sorted({c["scheme"] for c in mine}):
             pts = [c for c in mine if c["scheme"] == scheme]
             ax.plot([c["lr"] for c in pts], [c["capped_mean"] for c in pts], marker=marker(scheme),
-                    ms=3.5, lw=1.2, label=scheme, color=colour(scheme))
+                    ms=3.5, lw=1.2, label=scheme + mark(scheme), color=colour(scheme))
             for c in pts:  # a lr where a seed diverged: an open marker on the capped line
                 if c["diverged"]:
                     ax.plot([c["lr"]], [c["capped_mean"]], marker=marker(scheme), ms=6, mfc="white",
@@ -117,7 +141,7 @@ def draw(curves: list[dict[str, Any]], sens: list[dict[str, Any]]):
                 color=colour(s["scheme"]))
         if math.isfinite(s["ci_low"]):
             ax.plot([s["ci_low"], s["ci_high"]], [y, y], color="black", lw=0.8)
-    ax.set_yticks(range(len(ok)), [s["arm"] for s in ok], fontsize=6)
+    ax.set_yticks(range(len(ok)), [s["arm"] + mark(s["scheme"]) for s in ok], fontsize=6)
     ax.invert_yaxis()
     ax.set(title="LR sensitivity (line: 95% t over seeds)", xlabel="bits/token")
     return fig

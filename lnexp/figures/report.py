@@ -151,6 +151,9 @@ def build(figures: Path, report_dir: Path, scale: str, runs_root: Path) -> str:
         for img in (name, *fig.images):
             if (figures / f"{img}.png").is_file():
                 out += [f"![{img}]({rel}/{img}.png)", ""]
+        for table in (figures / t for t in fig.tables):
+            if table.is_file():
+                out += [f"From `{table.as_posix()}`:", "", table.read_text().strip(), ""]
         rows = check_rows(checks)
         if rows:
             out += ["| claim of the paper | paper's value | our value at this scale | holds? |",
