@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import lnexp_cmd
+from tests.conftest import lnexp_cmd, lnexp_main
 
 # 2 epochs of 600 pairs cannot leave the unigram plateau: keep the plateau rule out of these runs
 SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "divergence.plateau_epoch=99"]
+# ... and 2+2 layers where a test checks what a run writes, not what depth 6 learns (a third of the
+# CPU time of the mini model's 6+6)
+PERI = ["placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0", *SMALL,
+        "depth.encoder_layers=2", "depth.decoder_layers=2"]
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -52,9 +56,8 @@ def test_help_does_not_import_torch():
 @pytest.fixture(scope="module")
 def peri_radam_run(tmp_path_factory, small_multi30k) -> Path:
     tmp = tmp_path_factory.mktemp("peri")
-    lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
-              "max_epoch=2", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={tmp / 'runs'}",
-              cache=tmp / "cache")
+    lnexp_main("train", *PERI, "max_epoch=2", f"dataset.dir={small_multi30k}",
+               f"runs_root={tmp / 'runs'}", cache=tmp / "cache")  # in-process: its files are read
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
 
@@ -125,17 +128,16 @@ def test_checkpoint_loads_with_weights_only(peri_radam_run):
 def test_finished_run_is_skipped(peri_radam_run, small_multi30k):
     before = (peri_radam_run / "metrics.jsonl").stat().st_mtime
     cache = peri_radam_run.parents[1] / "cache"
-    proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
-                     "max_epoch=2", f"dataset.dir={small_multi30k}", *SMALL,
+    proc = lnexp_cmd("train", *PERI, "max_epoch=2", f"dataset.dir={small_multi30k}",
                      f"runs_root={peri_radam_run.parent}", cache=cache)
     assert "skipping" in proc.stderr + proc.stdout
     assert (peri_radam_run / "metrics.jsonl").stat().st_mtime == before
 
 
 def test_sgd_with_warmup_runs(tmp_path, small_multi30k):
-    lnexp_cmd("train", "optimizer=sgd", "lr=5e-3", "warmup=5", "max_epoch=2",
-              f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={tmp_path / 'runs'}",
-              cache=tmp_path / "cache")
+    lnexp_main("train", "optimizer=sgd", "lr=5e-3", "warmup=5", "max_epoch=2",
+               f"dataset.dir={small_multi30k}", *SMALL, "depth.encoder_layers=2",
+               "depth.decoder_layers=2", f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache")
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2
@@ -157,8 +159,7 @@ def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi3
     old = state["extra_state"]["lnexp"]
     state["extra_state"]["lnexp"] = {k: old[k] for k in ("history", "wall_s", "acc", "diverged")}
     fa.save_checkpoint_file(state, ckpt)
-    proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
-                     "max_epoch=3", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={runs}",
+    proc = lnexp_cmd("train", *PERI, "max_epoch=3", f"dataset.dir={small_multi30k}", f"runs_root={runs}",
                      cache=peri_radam_run.parents[1] / "cache")
     n = json.loads(before[-1])["updates"]
     first = proc.stdout.strip().splitlines()[0]  # the run's first line says what it continues
@@ -255,7 +256,7 @@ def test_a_short_run_ends_done_not_diverged_and_a_plateau_without_stop_trains_on
     for extra in ([], ["divergence.plateau_min_updates=0"]):
         lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "max_epoch=3",
                    "divergence.plateau_epoch=1", "divergence.plateau_margin=100", *extra,
-                   f"runs_root={runs}", cache=tmp_path / "cache")
+                   "eval.subset=4", f"runs_root={runs}", cache=tmp_path / "cache")  # BLEU: a path
     short, judged = sorted(collect_runs(runs), key=lambda r: "plateau_min_updates" in r.name)
     assert [r["epoch"] for r in judged.metrics] == [1, 2, 3]
     n = judged.metrics[-1]["updates"]
@@ -282,7 +283,7 @@ def test_a_run_that_leaves_the_plateau_does_not_end_on_it(tmp_path, small_multi3
     monkeypatch.setattr(divergence, "unigram_entropy_bits", lambda *a, **k: (first + last) / 2)
     over = [o for o in TINY if not o.startswith("divergence.")]
     lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "divergence.plateau_epoch=1",
-               "divergence.plateau_margin=0", "divergence.plateau_min_updates=0",
+               "divergence.plateau_margin=0", "divergence.plateau_min_updates=0", "eval.subset=4",
                f"runs_root={tmp_path / 'runs'}", cache=tiny_run.parents[1] / "cache")
     (run_dir,) = (tmp_path / "runs").iterdir()
     run = load_run(run_dir)
