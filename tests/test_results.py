@@ -102,12 +102,13 @@ def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, launcher
     joblib or submitit the runs are in other processes, and the exit status still reports the
     failed one."""
     runs, cache = tmp_path / "runs", tmp_path / "cache"
-    proc = lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
-                     "eval.subset=4", "depth.encoder_layers=2", "depth.decoder_layers=2",
-                     "scale.max_tokens=5,600",
-                     "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
-                     "divergence.plateau_min_updates=0",
-                     f"runs_root={runs}", *launcher, cache=cache, check=False)
+    run = lnexp_cmd if launcher else lnexp_main  # Hydra's basic launcher: the runs in this process
+    proc = run("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
+               "eval.subset=4", "depth.encoder_layers=2", "depth.decoder_layers=2",
+               "scale.max_tokens=5,600",
+               "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
+               "divergence.plateau_min_updates=0",
+               f"runs_root={runs}", *launcher, cache=cache, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status
     assert not list(runs.glob(".lnexp-failures-*"))  # the workers' failure file is cleaned up
     res = lnexp_main("results", "--runs-root", str(runs), "--csv", cache=cache)
