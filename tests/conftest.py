@@ -95,6 +95,17 @@ def small_multi30k(tmp_path_factory) -> Path:
     return raw
 
 
+@pytest.fixture(scope="session")
+def prepared_cache(tmp_path_factory, small_multi30k) -> Path:
+    """A cache holding small_multi30k prepared at the tests' vocabulary (600), for the trainings
+    that only read it: each of them would otherwise prepare it again (1-2 CPU s). A test about
+    preparing, or one that damages a cache, keeps a cache of its own."""
+    cache = tmp_path_factory.mktemp("prepared_cache")
+    lnexp_main("prepare", "multi30k", "--dir", str(small_multi30k), "--vocab-size", "600",
+               cache=cache)
+    return cache
+
+
 def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
     """Run the installed CLI in a subprocess, as a user would."""
     import subprocess
