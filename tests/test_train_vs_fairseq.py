@@ -33,7 +33,7 @@ def stock_losses(cmd: str, save_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("placement", ["post_ln", "pre_ln"])
-def test_first_updates_equal_stock_fairseq_train(tmp_path, small_multi30k, placement):
+def test_first_updates_equal_stock_fairseq_train(tmp_path, small_multi30k, prepared_cache, placement):
     runs = tmp_path / "runs"
     # in this process (the run's files are compared, not its process), 2+2 layers: the same
     # arithmetic as 6+6 on both sides, a third of the CPU time
@@ -41,7 +41,7 @@ def test_first_updates_equal_stock_fairseq_train(tmp_path, small_multi30k, place
                f"dataset.dir={small_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=600",
                "depth.encoder_layers=2", "depth.decoder_layers=2", "warmup=8", "lr=2e-3",
                f"max_update={UPDATES}", "eval.subset=10", f"runs_root={runs}",
-               cache=tmp_path / "cache")
+               cache=prepared_cache)
     (run_dir,) = runs.iterdir()
     cmd = json.loads((run_dir / "run.json").read_text())["stock_fairseq_train"]
     assert "--arch transformer" in cmd and "--encoder-layers 2 --decoder-layers 2" in cmd
