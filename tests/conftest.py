@@ -189,11 +189,12 @@ def tiny_run(tmp_path_factory, small_multi30k) -> Path:
 # while the other had finished. Longest first instead; then, as xdist would, most tests first.
 # (The files known to cost about a minute of one core or more, heaviest first: CPU seconds measured
 # 2026-12-02 file by file, where known: distributed 96, gpu_session 74, results 64, evaluate 63.)
-HEAVIEST_FILES = ["test_scripts.py", "test_train.py", "test_distributed.py", "test_gpu_session.py",
-                  "test_results.py", "test_evaluate.py", "test_sweep.py", "test_experiments.py",
-                  "test_figures_fig2_fig4.py", "test_zoo.py", "test_docs.py",
-                  "test_train_vs_fairseq.py", "test_wheelhouse.py", "test_run_folder.py",
-                  "test_atlas_launchers.py", "test_atlas_driver.py", "test_speed.py"]
+HEAVIEST_FILES = ["test_train.py", "test_scripts.py", "test_gpu_session.py", "test_atlas_launchers.py",
+                  "test_experiments.py", "test_distributed.py", "test_zoo.py", "test_bad_inputs.py",
+                  "test_results.py", "test_atlas_zoo.py", "test_figures_fig2_fig4.py",
+                  "test_atlas_driver.py", "test_evaluate.py", "test_speed.py", "test_sweep.py",
+                  "test_train_vs_fairseq.py", "test_fig3_theory.py", "test_wheelhouse.py",
+                  "test_precision.py", "test_data_multi30k.py", "test_docs.py", "test_run_folder.py"]
 
 
 # The two CPU kinds that build and test lnexp (issue 49), as /proc/cpuinfo shows them: an Intel
