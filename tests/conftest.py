@@ -95,6 +95,17 @@ def small_multi30k(tmp_path_factory) -> Path:
     return raw
 
 
+@pytest.fixture(scope="session")
+def prepared_cache(tmp_path_factory, small_multi30k) -> Path:
+    """A cache holding small_multi30k prepared at the tests' vocabulary (600), for the trainings
+    that only read it: each of them would otherwise prepare it again (1-2 CPU s). A test about
+    preparing, or one that damages a cache, keeps a cache of its own."""
+    cache = tmp_path_factory.mktemp("prepared_cache")
+    lnexp_main("prepare", "multi30k", "--dir", str(small_multi30k), "--vocab-size", "600",
+               cache=cache)
+    return cache
+
+
 def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
     """Run the installed CLI in a subprocess, as a user would."""
     import subprocess
@@ -178,16 +189,120 @@ def tiny_run(tmp_path_factory, small_multi30k) -> Path:
 # while the other had finished. Longest first instead; then, as xdist would, most tests first.
 # (The files known to cost about a minute of one core or more, heaviest first: CPU seconds measured
 # 2026-12-02 file by file, where known: distributed 96, gpu_session 74, results 64, evaluate 63.)
-HEAVIEST_FILES = ["test_scripts.py", "test_train.py", "test_distributed.py", "test_gpu_session.py",
-                  "test_results.py", "test_evaluate.py", "test_sweep.py", "test_experiments.py",
-                  "test_figures_fig2_fig4.py", "test_zoo.py", "test_docs.py",
-                  "test_train_vs_fairseq.py", "test_wheelhouse.py", "test_run_folder.py",
-                  "test_atlas_launchers.py", "test_atlas_driver.py", "test_speed.py"]
+HEAVIEST_FILES = ["test_train.py", "test_scripts.py", "test_gpu_session.py", "test_atlas_launchers.py",
+                  "test_experiments.py", "test_distributed.py", "test_zoo.py", "test_bad_inputs.py",
+                  "test_results.py", "test_atlas_zoo.py", "test_figures_fig2_fig4.py",
+                  "test_atlas_driver.py", "test_evaluate.py", "test_speed.py", "test_sweep.py",
+                  "test_train_vs_fairseq.py", "test_fig3_theory.py", "test_wheelhouse.py",
+                  "test_precision.py", "test_data_multi30k.py", "test_docs.py", "test_run_folder.py"]
+
+
+# The two CPU kinds that build and test lnexp (issue 49), as /proc/cpuinfo shows them: an Intel
+# Xeon with AMX and AVX-512 bf16 units, and an AMD EPYC with AVX2 and FMA only (whose oneDNN has no
+# bf16: the self-check fails there). `--fake-cpu=KIND` runs the suite as on that kind, on any
+# machine: LNEXP_CPUINFO names a file holding these lines, read instead of /proc/cpuinfo, and
+# LNEXP_BF16_SELF_CHECK decides the bf16 self-check (lnexp/train/precision.py), in this process
+# and in every subprocess the tests start. `--bf16-self-check=pass|fail` overrides the kind's.
+FAKE_CPUS = {
+    "intel": ("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz",
+              "fpu sse sse2 avx avx2 fma avx512f avx512bw avx512_vnni avx512_bf16 avx512_fp16 "
+              "amx_bf16 amx_tile amx_int8", "pass"),
+    "amd": ("AMD EPYC 7B12", "fpu sse sse2 avx avx2 fma", "fail"),
+}
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--fake-cpu", choices=sorted(FAKE_CPUS), default=None,
+                     help="run as on this CPU kind: its /proc/cpuinfo flags and its bf16 "
+                          "self-check result, in subprocesses too (intel: AMX and AVX-512 bf16, "
+                          "the check passes; amd: AVX2 only, the check fails)")
+    parser.addoption("--bf16-self-check", choices=("pass", "fail"), default=None,
+                     help="force lnexp's bf16 self-check (LNEXP_BF16_SELF_CHECK), in subprocesses "
+                          "too; default: the --fake-cpu kind's, else the real check")
+
+
+def fake_cpu(config) -> None:
+    """Set the environment that --fake-cpu / --bf16-self-check ask for (each xdist worker too)."""
+    kind, check = config.getoption("--fake-cpu"), config.getoption("--bf16-self-check")
+    if kind:
+        model, flags, check = FAKE_CPUS[kind][0], FAKE_CPUS[kind][1], check or FAKE_CPUS[kind][2]
+        path = Path(tempfile.mkdtemp(prefix="lnexp-test-cpuinfo-")) / "cpuinfo"
+        path.write_text("".join(f"processor\t: {i}\nmodel name\t: {model}\nflags\t\t: {flags}\n\n"
+                                for i in range(2)))
+        os.environ["LNEXP_CPUINFO"] = str(path)
+    if check:
+        os.environ["LNEXP_BF16_SELF_CHECK"] = check
+
+
+def pytest_report_header(config) -> str | None:
+    kind, check = config.getoption("--fake-cpu"), os.environ.get("LNEXP_BF16_SELF_CHECK")
+    if kind or check:
+        return (f"fake CPU: {kind or 'this one'} (LNEXP_CPUINFO={os.environ.get('LNEXP_CPUINFO')}, "
+                f"LNEXP_BF16_SELF_CHECK={check})")
+    return None
 
 
 def pytest_configure(config) -> None:
+    fake_cpu(config)
+    if CPU_LOG and not os.environ.get("PYTEST_XDIST_WORKER"):
+        Path(CPU_LOG).write_text("")  # this session's lines only (the workers start after this)
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.6
         config.option.loadscopereorder = False  # keep the order below
+
+
+# `LNEXP_TEST_CPU=FILE pytest ...` appends a line per test to FILE: its node id, its worker, its
+# wall seconds and its CPU seconds (user + system of this process and of the subprocesses it waited
+# for), set-up and tear-down included. On a shared machine wall times follow the load, CPU seconds
+# hardly do: compare those (docs/development.md#tests). A pytest that a test starts does not write.
+CPU_LOG = None if os.environ.get("PYTEST_CURRENT_TEST") else os.environ.get("LNEXP_TEST_CPU")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not CPU_LOG:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        me, kids = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                         resource.RUSAGE_CHILDREN))
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    wall, used = time.perf_counter(), cpu()
+    yield
+    line = json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                       "wall": round(time.perf_counter() - wall, 3),
+                       "cpu": round(cpu() - used, 3)}) + "\n"
+    fd = os.open(CPU_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one write a line: the workers' lines never interleave
+    finally:
+        os.close(fd)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """LNEXP_TEST_CPU's lines summed per file (and per worker), most CPU seconds first."""
+    if not CPU_LOG or os.environ.get("PYTEST_XDIST_WORKER") or not Path(CPU_LOG).is_file():
+        return
+    import json
+    from collections import defaultdict
+
+    files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    workers: dict[str, float] = defaultdict(float)
+    for line in Path(CPU_LOG).read_text().splitlines():
+        row = json.loads(line)
+        total = files[row["test"].split("::")[0]]
+        total[0], total[1], total[2] = total[0] + row["cpu"], total[1] + row["wall"], total[2] + 1
+        workers[row["worker"]] += row["cpu"]
+    write = terminalreporter.write_line
+    write(f"CPU seconds per file ({CPU_LOG}): cpu_s wall_s tests file")
+    for name, (cpu, wall, n) in sorted(files.items(), key=lambda kv: -kv[1][0]):
+        write(f"{cpu:8.1f} {wall:8.1f} {n:4d} {name}")
+    write(f"{sum(c for c, _, _ in files.values()):8.1f} in all; per worker: "
+          + ", ".join(f"{w} {c:.1f}" for w, c in sorted(workers.items())))
 
 
 def pytest_collection_modifyitems(config, items) -> None:

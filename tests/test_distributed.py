@@ -106,7 +106,8 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes_with_another_world_size
     run_dir = tmp_path / "runs" / "run"  # a short name: this run's overrides make a long one
     args = [f"dataset.dir={small_multi30k}", *TINY, "max_epoch=3", "max_update=30",
             "save_interval_updates=3", f"runs_root={run_dir.parent}", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "LNEXP_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore"}
+    cache = small_multi30k.parent / "dist-cache"  # the module's prepared corpus
+    env = {**os.environ, "LNEXP_CACHE": str(cache), "PYTHONWARNINGS": "ignore"}
     with open(tmp_path / "out.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lnexp.cli", "train", *args,
                                  "distributed.world_size=2"], cwd=REPO, env=env, stdout=log,
@@ -125,7 +126,7 @@ def test_killed_worker_fails_the_run_and_a_rerun_resumes_with_another_world_size
     assert proc.returncode != 0
     kept = updates(run_dir)  # the rows of the last checkpoint
     assert kept and len(kept) < 30
-    lnexp_main("train", *args, "distributed.world_size=1", cache=tmp_path / "cache")  # in-process
+    lnexp_main("train", *args, "distributed.world_size=1", cache=cache)  # in-process
     assert json.loads((run_dir / "status.json").read_text())["status"] == "stopped"  # max_update=30
     rows = updates(run_dir)
     assert [int(r["update"]) for r in rows] == list(range(1, 31))

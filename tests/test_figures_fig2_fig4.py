@@ -169,9 +169,9 @@ def test_report_reads_every_figures_checks_and_marks_missing(tmp_path):
 
 
 @pytest.mark.slow
-def test_fig2_pipeline_tiny_sweep_with_joblib(tmp_path, small_multi30k):
+def test_fig2_pipeline_tiny_sweep_with_joblib(tmp_path, small_multi30k, prepared_cache):
     """`lnexp train -m experiment=fig2_mini` + overrides (joblib: 3 jobs, 2 workers), `lnexp figure fig2`."""
-    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    runs, cache = tmp_path / "runs", prepared_cache
     proc = lnexp_cmd("train", "-m", "experiment=fig2_mini", f"dataset.dir={small_multi30k}", *TINY,
                      "lr=1e-3", "seed=1", "warmup=0,13,100", "max_epoch=1", "max_update=3",
                      f"runs_root={runs}",

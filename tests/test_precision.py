@@ -199,10 +199,46 @@ def test_precision_auto_takes_bf16_only_with_units_and_a_passing_self_check(monk
 
 def test_the_self_check_runs_here():
     """On this machine the real check either passes or names why (never raises)."""
-    from lnexp.train.precision import self_check
+    from lnexp.train.precision import measured_self_check
 
-    result = self_check()
+    result = measured_self_check()
     assert result is None or isinstance(result, str) and result
+
+
+def test_the_environment_fakes_either_cpu_kind_in_subprocesses_too(tmp_path, monkeypatch):
+    """LNEXP_CPUINFO (a file read instead of /proc/cpuinfo) and LNEXP_BF16_SELF_CHECK (pass or
+    fail): what tests/conftest.py's --fake-cpu sets, so that a CPU-feature test runs as on an Intel
+    Xeon or an AMD EPYC on either machine, in the lnexp processes it starts too."""
+    import subprocess
+    import sys
+
+    from lnexp.errors import ConfigError
+    from lnexp.runtime.host import cpu_model
+    from lnexp.train import precision as P
+
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setenv("LNEXP_CPUINFO", str(cpuinfo))
+    cpuinfo.write_text(INTEL_AMX)
+    monkeypatch.setenv("LNEXP_BF16_SELF_CHECK", "pass")
+    assert P.cpu_bf16_flags() == ("amx_bf16", "avx512_bf16") and cpu_model() == "Intel(R) Xeon(R)"
+    assert P.self_check() is None and P.resolve("auto", "cpu").name == "bf16"
+    monkeypatch.setenv("LNEXP_BF16_SELF_CHECK", "fail")  # units reported, oneDNN without bf16
+    assert P.resolve("auto", "cpu").why == ("fp32 (precision=auto: the bf16 self-check failed: "
+                                            "forced by LNEXP_BF16_SELF_CHECK=fail)")
+    cpuinfo.write_text(AMD_NO_BF16)
+    assert P.cpu_bf16_flags() == () and cpu_model() == "AMD EPYC"
+    with pytest.raises(ConfigError, match=r"self-check on this CPU \(forced by LNEXP_BF16_SELF_"):
+        P.resolve("bf16", "cpu")
+    code = ("from lnexp.train.precision import resolve; from lnexp.runtime.host import cpu_model; "
+            "print(cpu_model(), '|', resolve('auto', 'cpu').why)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ("AMD EPYC | fp32 (precision=auto: the CPU reports neither "
+                                  "amx_bf16 nor avx512_bf16)")
+    cpuinfo.write_text(INTEL_AMX)
+    monkeypatch.setenv("LNEXP_BF16_SELF_CHECK", "pass")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().startswith("Intel(R) Xeon(R) | bf16 autocast on CPU (precision=auto; "
+                                         "amx_bf16, avx512_bf16; self-check passed)")
 
 
 def test_autocast_keeps_attention_and_norms_fp32_and_matmuls_bf16():

@@ -96,18 +96,19 @@ def to_csv_of(root, status: str) -> str:
 @pytest.mark.parametrize("launcher", [
     [], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "threads=1"],
     ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"]], ids=["basic", "joblib", "submitit"])
-def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, launcher):
+def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, prepared_cache, launcher):
     """One run fails at run time (batches too small for any sentence: fairseq raises), the other
     ends on the plateau (the rule forced); the sweep goes on and `lnexp results` lists both. With
     joblib or submitit the runs are in other processes, and the exit status still reports the
     failed one."""
-    runs, cache = tmp_path / "runs", tmp_path / "cache"
-    proc = lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
-                     "eval.subset=4", "depth.encoder_layers=2", "depth.decoder_layers=2",
-                     "scale.max_tokens=5,600",
-                     "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
-                     "divergence.plateau_min_updates=0",
-                     f"runs_root={runs}", *launcher, cache=cache, check=False)
+    runs, cache = tmp_path / "runs", prepared_cache
+    run = lnexp_cmd if launcher else lnexp_main  # Hydra's basic launcher: the runs in this process
+    proc = run("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
+               "eval.subset=4", "depth.encoder_layers=2", "depth.decoder_layers=2",
+               "scale.max_tokens=5,600",
+               "max_update=3", "divergence.plateau_epoch=1", "divergence.plateau_margin=100",
+               "divergence.plateau_min_updates=0",
+               f"runs_root={runs}", *launcher, cache=cache, check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]  # a failed run is reported in the exit status
     assert not list(runs.glob(".lnexp-failures-*"))  # the workers' failure file is cleaned up
     res = lnexp_main("results", "--runs-root", str(runs), "--csv", cache=cache)

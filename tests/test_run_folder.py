@@ -18,7 +18,8 @@ from lnexp import rundir
 from tests.conftest import REPO
 
 SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=10",
-         "divergence.plateau_epoch=99", "threads=1"]
+         "divergence.plateau_epoch=99", "threads=1", "depth.encoder_layers=2",
+         "depth.decoder_layers=2"]  # 2+2 layers: these runs check a run folder's files
 
 
 def test_damaged_lines_are_skipped_with_a_warning_and_later_lines_kept(tmp_path, caplog):

@@ -53,14 +53,21 @@ def test_mini_default_and_stock_equivalent_flags():
     assert stock_flags(fairseq_flags(compose("placement=peri_ln"), device="cpu")) is None
 
 
-def test_fp16_needs_a_gpu_and_bf16_on_cpu_is_not_fairseqs():
+def test_fp16_needs_a_gpu_and_bf16_on_cpu_is_not_fairseqs(monkeypatch):
     from lnexp.errors import ConfigError
+    from lnexp.train import precision
 
     with pytest.raises(ConfigError, match="needs a GPU"):
         fairseq_flags(compose("precision=fp16"), device="cpu")
     assert fairseq_flags(compose("precision=bf16"), device="cuda")["bf16"] is True
-    # on CPU bf16 is lnexp's autocast (tests/test_precision.py): fairseq itself runs fp32
+    # on CPU bf16 is lnexp's autocast (tests/test_precision.py): fairseq itself runs fp32. The
+    # flags, not the CPU, are under test: the self-check is faked both ways (issue 49: an AMD EPYC
+    # without bf16 failed here), as it passes on an Intel Xeon and fails on such an EPYC
+    monkeypatch.setattr(precision, "self_check", lambda: None)
     assert fairseq_flags(compose("precision=bf16"), device="cpu")["bf16"] is False
+    monkeypatch.setattr(precision, "self_check", lambda: "oneDNN reports no bf16 support")
+    with pytest.raises(ConfigError, match="bf16 failed its self-check.*use precision=fp32"):
+        fairseq_flags(compose("precision=bf16"), device="cpu")
     assert fairseq_flags(compose("precision=auto"), device="cuda")["bf16"] is False
 
 

@@ -31,8 +31,9 @@ def _updates(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_killed_sweep_resumes_without_redoing_and_matches_uninterrupted(tmp_path, small_multi30k):
-    cache = tmp_path / "cache"
+def test_killed_sweep_resumes_without_redoing_and_matches_uninterrupted(tmp_path, small_multi30k,
+                                                                        prepared_cache):
+    cache = prepared_cache
     common = [f"dataset.dir={small_multi30k}", *TINY, "max_update=8", "max_epoch=50",
               "save_interval_updates=4"]
     runs = tmp_path / "runs"
@@ -115,11 +116,11 @@ def test_progress_line_and_sweep_size(tmp_path):
 
 
 @pytest.mark.slow
-def test_submitit_local_launcher(tmp_path, small_multi30k):
+def test_submitit_local_launcher(tmp_path, small_multi30k, prepared_cache):
     runs = tmp_path / "runs"
     lnexp_cmd("train", "-m", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", "seed=1",
               f"runs_root={runs}", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5",
-              cache=tmp_path / "cache", timeout=240)
+              cache=prepared_cache, timeout=240)
     from lnexp.results import collect_runs
 
     (run,) = collect_runs(runs)

@@ -10,10 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import lnexp_cmd
+from tests.conftest import lnexp_cmd, lnexp_main
 
 # 2 epochs of 600 pairs cannot leave the unigram plateau: keep the plateau rule out of these runs
 SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "divergence.plateau_epoch=99"]
+# ... and 2+2 layers where a test checks what a run writes, not what depth 6 learns (a third of the
+# CPU time of the mini model's 6+6)
+PERI = ["placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0", *SMALL,
+        "depth.encoder_layers=2", "depth.decoder_layers=2"]
 
 
 @pytest.mark.parametrize("override,needle", [
@@ -50,11 +54,10 @@ def test_help_does_not_import_torch():
 
 
 @pytest.fixture(scope="module")
-def peri_radam_run(tmp_path_factory, small_multi30k) -> Path:
+def peri_radam_run(tmp_path_factory, small_multi30k, prepared_cache) -> Path:
     tmp = tmp_path_factory.mktemp("peri")
-    lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
-              "max_epoch=2", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={tmp / 'runs'}",
-              cache=tmp / "cache")
+    lnexp_main("train", *PERI, "max_epoch=2", f"dataset.dir={small_multi30k}",
+               f"runs_root={tmp / 'runs'}", cache=prepared_cache)  # in-process: its files are read
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
 
@@ -122,26 +125,26 @@ def test_checkpoint_loads_with_weights_only(peri_radam_run):
         torch.load(peri_radam_run / "evil.pt", weights_only=True)
 
 
-def test_finished_run_is_skipped(peri_radam_run, small_multi30k):
+def test_finished_run_is_skipped(peri_radam_run, small_multi30k, prepared_cache):
     before = (peri_radam_run / "metrics.jsonl").stat().st_mtime
-    cache = peri_radam_run.parents[1] / "cache"
-    proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
-                     "max_epoch=2", f"dataset.dir={small_multi30k}", *SMALL,
+    cache = prepared_cache
+    proc = lnexp_cmd("train", *PERI, "max_epoch=2", f"dataset.dir={small_multi30k}",
                      f"runs_root={peri_radam_run.parent}", cache=cache)
     assert "skipping" in proc.stderr + proc.stdout
     assert (peri_radam_run / "metrics.jsonl").stat().st_mtime == before
 
 
-def test_sgd_with_warmup_runs(tmp_path, small_multi30k):
-    lnexp_cmd("train", "optimizer=sgd", "lr=5e-3", "warmup=5", "max_epoch=2",
-              f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={tmp_path / 'runs'}",
-              cache=tmp_path / "cache")
+def test_sgd_with_warmup_runs(tmp_path, small_multi30k, prepared_cache):
+    lnexp_main("train", "optimizer=sgd", "lr=5e-3", "warmup=5", "max_epoch=2",
+               f"dataset.dir={small_multi30k}", *SMALL, "depth.encoder_layers=2",
+               "depth.decoder_layers=2", f"runs_root={tmp_path / 'runs'}", cache=prepared_cache)
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2
 
 
-def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi30k, tmp_path):
+def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi30k, tmp_path,
+                                                    prepared_cache):
     """max_epoch does not name the run: a longer run continues the finished one in its folder."""
     import shutil
 
@@ -157,9 +160,8 @@ def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi3
     old = state["extra_state"]["lnexp"]
     state["extra_state"]["lnexp"] = {k: old[k] for k in ("history", "wall_s", "acc", "diverged")}
     fa.save_checkpoint_file(state, ckpt)
-    proc = lnexp_cmd("train", "placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0",
-                     "max_epoch=3", f"dataset.dir={small_multi30k}", *SMALL, f"runs_root={runs}",
-                     cache=peri_radam_run.parents[1] / "cache")
+    proc = lnexp_cmd("train", *PERI, "max_epoch=3", f"dataset.dir={small_multi30k}", f"runs_root={runs}",
+                     cache=prepared_cache)
     n = json.loads(before[-1])["updates"]
     first = proc.stdout.strip().splitlines()[0]  # the run's first line says what it continues
     assert first.endswith(f"{runs / peri_radam_run.name}: extends the earlier run from update {n} (it was "
@@ -195,12 +197,12 @@ def test_run_state_reads_the_checkpoint_dict_of_every_version():
     assert RunState.from_checkpoint({"lnexp": state.to_checkpoint()}) == state
 
 
-def test_headline_recipe_and_progress_lines(tmp_path, small_multi30k):
+def test_headline_recipe_and_progress_lines(tmp_path, small_multi30k, prepared_cache):
     """`placement=pre_ln warmup=0` trains with Pre-LN's recipe (lr held), says so, and shows
     progress inside the epoch; a depth sweep runs as typed."""
     proc = lnexp_cmd("train", "-m", "placement=pre_ln", "warmup=0", "depth=1,2", "max_update=4",
                      "log_interval=2", f"dataset.dir={small_multi30k}", *SMALL,
-                     f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache")
+                     f"runs_root={tmp_path / 'runs'}", cache=prepared_cache)
     out = proc.stdout + proc.stderr
     assert "schedule: step: lr_max 0.001, no warm-up, lr_max held, x0.1 from epoch 8" in out
     assert "epoch 1 | 2/" in out and "| update 4 | loss " in out and "tok/s" in out
@@ -214,7 +216,7 @@ def test_headline_recipe_and_progress_lines(tmp_path, small_multi30k):
             assert {float(r["lr"]) for r in csv.DictReader(f)} == {1e-3}
 
 
-def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k):
+def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k, prepared_cache):
     import os
     import signal
     import time
@@ -223,7 +225,7 @@ def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k):
     from tests.conftest import REPO
 
     runs = tmp_path / "runs"
-    env = {**os.environ, "LNEXP_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "LNEXP_CACHE": str(prepared_cache), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen([sys.executable, "-m", "lnexp.cli", "train", "max_update=1000",
                              "save_interval_updates=2", "log_interval=1", f"dataset.dir={small_multi30k}",
                              *SMALL, f"runs_root={runs}"], cwd=REPO, env=env,
@@ -241,7 +243,8 @@ def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k):
     assert run.state == "interrupted" and run.status["resumes_from"] >= 2
 
 
-def test_a_short_run_ends_done_not_diverged_and_a_plateau_without_stop_trains_on(tmp_path, small_multi30k):
+def test_a_short_run_ends_done_not_diverged_and_a_plateau_without_stop_trains_on(tmp_path, small_multi30k,
+                                                                                 prepared_cache):
     """A run too short for the plateau rule (18 updates < divergence.plateau_min_updates) ends done,
     however far from trained (a 100-bit margin puts every loss on the plateau), and says so; once the
     rule applies (plateau_min_updates=0) it ends plateau, never diverged, judged by its last epoch,
@@ -255,7 +258,7 @@ def test_a_short_run_ends_done_not_diverged_and_a_plateau_without_stop_trains_on
     for extra in ([], ["divergence.plateau_min_updates=0"]):
         lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "max_epoch=3",
                    "divergence.plateau_epoch=1", "divergence.plateau_margin=100", *extra,
-                   f"runs_root={runs}", cache=tmp_path / "cache")
+                   "eval.subset=4", f"runs_root={runs}", cache=prepared_cache)  # BLEU: a path
     short, judged = sorted(collect_runs(runs), key=lambda r: "plateau_min_updates" in r.name)
     assert [r["epoch"] for r in judged.metrics] == [1, 2, 3]
     n = judged.metrics[-1]["updates"]
@@ -282,7 +285,7 @@ def test_a_run_that_leaves_the_plateau_does_not_end_on_it(tmp_path, small_multi3
     monkeypatch.setattr(divergence, "unigram_entropy_bits", lambda *a, **k: (first + last) / 2)
     over = [o for o in TINY if not o.startswith("divergence.")]
     lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "divergence.plateau_epoch=1",
-               "divergence.plateau_margin=0", "divergence.plateau_min_updates=0",
+               "divergence.plateau_margin=0", "divergence.plateau_min_updates=0", "eval.subset=4",
                f"runs_root={tmp_path / 'runs'}", cache=tiny_run.parents[1] / "cache")
     (run_dir,) = (tmp_path / "runs").iterdir()
     run = load_run(run_dir)
@@ -292,7 +295,7 @@ def test_a_run_that_leaves_the_plateau_does_not_end_on_it(tmp_path, small_multi3
     assert run.row()["note"] == f"left the unigram plateau at update {run.metrics[-1]['updates']}, epoch 2"
 
 
-def test_a_nan_run_ends_diverged(tmp_path, small_multi30k):
+def test_a_nan_run_ends_diverged(tmp_path, small_multi30k, prepared_cache):
     """lr=1e30 makes the weights, then the loss, non-finite within the first updates: the run stops
     there, diverged (the atlas counts it as a failure)."""
     from lnexp.figures.atlas import outcome
@@ -301,7 +304,7 @@ def test_a_nan_run_ends_diverged(tmp_path, small_multi30k):
 
     lnexp_main("train", f"dataset.dir={small_multi30k}", *SMALL, "depth.encoder_layers=1",
                "depth.decoder_layers=1", "lr=1e30", "warmup=0", "schedule=constant", "max_update=6",
-               f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "cache")
+               f"runs_root={tmp_path / 'runs'}", cache=prepared_cache)
     (run,) = collect_runs(tmp_path / "runs")
     assert run.state == "diverged" and run.status["ended_early"] and run.plateau is None
     assert run.diverged["reason"] == "non-finite loss or gradient" and run.diverged["update"] <= 6

@@ -907,7 +907,8 @@ def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
     cfg = config.compose([*overrides, f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
                           "scale.max_tokens=512", "max_update=2", "eval.subset=4", "eval.beam=2",
-                          "divergence.plateau_epoch=99"])
+                          "divergence.plateau_epoch=99", "depth.encoder_layers=2",
+                          "depth.decoder_layers=2"])  # a checkpoint's path, not depth 6's numbers
     run = tmp_path / "run"
     assert train_run(cfg, run)["status"] == "stopped"
     flags = json.loads((run / "run.json").read_text())["fairseq_flags"]

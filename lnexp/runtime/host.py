@@ -1,7 +1,8 @@
 """What this host is: in the words a measurement is reported with (the figures' checks, the
-report, the benchmarks: one reader of /proc/cpuinfo's model name); what it has to run jobs on (its
-usable cores, its GPUs as the jobs will number them, its memory: the one place each is found); and
-the device a config's ``device`` means here (``resolve_device``)."""
+report, the benchmarks): the one reader of /proc/cpuinfo (``cpuinfo``: its model name, and the CPU
+flags that lnexp.train.precision reads); what it has to run jobs on (its usable cores, its GPUs as
+the jobs will number them, its memory: the one place each is found); and the device a config's
+``device`` means here (``resolve_device``)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,26 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+CPUINFO = Path("/proc/cpuinfo")
+# a file read instead of /proc/cpuinfo: the tests fake the other CPU kind with it
+# (tests/conftest.py's --fake-cpu; docs/development.md#tests)
+CPUINFO_ENV = "LNEXP_CPUINFO"
+
+
+def cpuinfo() -> str | None:
+    """The text of /proc/cpuinfo (or of the file $LNEXP_CPUINFO names); None where it cannot be
+    read (another OS)."""
+    try:
+        return Path(os.environ.get(CPUINFO_ENV) or CPUINFO).read_text()
+    except OSError:
+        return None
+
 
 def cpu_model() -> str:
     """/proc/cpuinfo's model name (e.g. ``Intel(R) Xeon(R) Processor``), else what Python knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    for line in (cpuinfo() or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown CPU"
 
 

@@ -13,6 +13,8 @@ stream stays fp32 by type promotion (embeddings are fp32, a bf16 branch added to
 
 ``precision=auto`` takes that path only where /proc/cpuinfo reports ``amx_bf16`` or
 ``avx512_bf16`` and a short self-check on this machine passes; else fp32. On a GPU auto is fp32.
+The tests fake either CPU kind on any machine: $LNEXP_CPUINFO (lnexp.runtime.host) names a file
+read instead of /proc/cpuinfo, $LNEXP_BF16_SELF_CHECK=pass or fail decides the self-check.
 Why attention stays fp32: besides the softmax it would compute in bf16, torch's CPU flash-attention
 backward in bf16 at the mini model's head size (32) took many times the fp32 one's time in a
 profile of plain autocast (2026-12-03), more than the bf16 matmuls saved.
@@ -22,13 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from lnexp.errors import ConfigError
+from lnexp.runtime.host import cpuinfo as read_cpuinfo
 
-CPUINFO = Path("/proc/cpuinfo")
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # CPU flags of bf16 matrix / dot-product units
 
 
@@ -56,10 +58,7 @@ def cpu_bf16_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
     """The bf16 flags (BF16_FLAGS) the CPU reports, from /proc/cpuinfo's text (``cpuinfo``: given
     text instead, for tests); () where there is no such file."""
     if cpuinfo is None:
-        try:
-            cpuinfo = CPUINFO.read_text()
-        except OSError:
-            return ()
+        cpuinfo = read_cpuinfo() or ""
     flags: set[str] = set()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
@@ -68,8 +67,23 @@ def cpu_bf16_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
     return tuple(f for f in BF16_FLAGS if f in flags)
 
 
-@functools.cache
+SELF_CHECK_ENV = "LNEXP_BF16_SELF_CHECK"  # pass | fail: the tests' fake CPU (tests/conftest.py)
+
+
 def self_check() -> str | None:
+    """None if bf16 autocast works here, else why not (``measured_self_check``); where
+    $LNEXP_BF16_SELF_CHECK is set, what it says instead: ``pass``, or any other word a failure
+    naming it (the tests fake a CPU kind, in their subprocesses too)."""
+    forced = os.environ.get(SELF_CHECK_ENV, "")
+    if forced == "pass":
+        return None
+    if forced:
+        return f"forced by {SELF_CHECK_ENV}={forced}"
+    return measured_self_check()
+
+
+@functools.cache
+def measured_self_check() -> str | None:
     """None if bf16 autocast works here, else why not: oneDNN's bf16 support, then a small
     linear + LayerNorm + attention forward and backward under ``autocast_context`` against fp32
     (bf16 has 8 bits of mantissa: relative error well under 5e-2 on these sizes)."""
