@@ -212,4 +212,12 @@ def test_claims_cost_prints_each_claims_cells_at_the_power_rules_n(tmp_path):
     depth = rows["atlas_lr_sens_depth"]  # one arm at 6+6, one at 18+18
     assert depth[4] == depth[5] == f"{7 * int(depth[3]):,}"
     assert rows["atlas_lr_sens_warmup"][4] == f"{4 * 7 * int(rows['atlas_lr_sens_warmup'][3]):,}"
+    # the five LR-sensitivity claims alone: 7 arms (6 at 6+6, Pre-LN's at 18+18), each cell once
+    five = C.planned(read_grid("mini"), [c for c in C.CLAIMS if c.id.startswith("atlas_lr_sens_")])
+    n = {r["claim"].removeprefix("atlas_lr_sens_"): r["seeds"] for r in five}
+    # Post-LN without and with warm-up, Pre-LN without and with, qk-layernorm, Peri-LN
+    per_arm = [max(n["warmup"], n["pre_ln"]), n["warmup"], max(n.values()), n["warmup"],
+               n["qk_layernorm"], n["peri_ln"]]
+    assert C.distinct_by_depth(five) == {6: 7 * sum(per_arm), 18: 7 * n["depth"]}
+    assert "; distinct: " in out.stdout.splitlines()[-1]
     assert not (tmp_path / "runs").exists()  # it prints, and writes nothing

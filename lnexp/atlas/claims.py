@@ -524,8 +524,19 @@ def planned(grid: Grid, claims: Iterable[Claim] | None = None) -> list[dict[str,
             d = a.arm(grid).depth
             by_depth[d] = by_depth.get(d, 0) + n * len(a.lrs_on(grid))
         out.append({"claim": v.claim.id, "test": v.claim.test, "effect": v.claim.effect, "seeds": n,
-                    "cells": sum(by_depth.values()), "by_depth": by_depth})
+                    "cells": sum(by_depth.values()), "by_depth": by_depth,
+                    "cell_set": {Cell(a.arm(grid), lr, seed) for a in _ats_of(v.claim, v.parts, v.parts)
+                                 for lr in a.lrs_on(grid) for seed in range(1, n + 1)}})
     return out
+
+
+def distinct_by_depth(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """The cells of ``planned``'s rows by depth, each counted once where claims share it (seeds 1..n
+    of the same arm and lr)."""
+    by_depth: dict[int, int] = {}
+    for c in set().union(*(r["cell_set"] for r in rows)):
+        by_depth[c.arm.depth] = by_depth.get(c.arm.depth, 0) + 1
+    return by_depth
 
 
 def needs(verdicts: list[Verdict], cost: dict[int, float]) -> list[Need]:

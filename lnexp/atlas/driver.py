@@ -150,6 +150,7 @@ def claims_cost(grid: Grid) -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     total = {d: sum(r["by_depth"].get(d, 0) for r in rows) for d in depths}
+    distinct = C.distinct_by_depth(rows)
     return "\n".join([
         f"lnexp atlas: what deciding each of {count(len(rows), 'claim')} costs before any run: the seeds a "
         f"cell its test needs at its stated effect (stability: {C.SHARES[0]:g} of seeds train against "
@@ -158,7 +159,8 @@ def claims_cost(grid: Grid) -> str:
         + f"), at Holm's first level ({C.ALPHA:g}/{len(rows)}), every cell of the claim at every seed",
         *lines,
         "total: " + ", ".join(f"{total[d]:,} cells at {d}+{d}" for d in depths)
-        + " (cells two claims share counted in each)",
+        + " (cells two claims share counted in each); distinct: "
+        + ", ".join(f"{distinct.get(d, 0):,} at {d}+{d}" for d in depths),
     ])
 
 
