@@ -65,6 +65,19 @@ def test_the_mini_atlas_reads_its_half_decade_grid_and_its_five_claims():
     assert C.SENS_UNPILOTED == min(C.SENS_WARMUP, C.SENS_PRE_POST)
 
 
+def test_the_pilots_sensitivities_are_what_its_kept_runs_give():
+    """claims.PILOT_SENSITIVITY is no typed figure: the pilot's kept runs give it (3 decimals)."""
+    from lnexp.lr_sensitivity import measure
+    from lnexp.results import collect_runs
+
+    root = Path(__file__).parent.parent / "docs/measurements/2026-12-04-lr-sensitivity-pilot/runs"
+    runs = collect_runs(root)
+    grid, rows = measure(runs, lambda r: (r.get("placement.name"), int(r.get("warmup"))))
+    assert len(runs) == 28 and grid == [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    got = {r.arm: round(r.result.value, 3) for r in rows if not r.result.missing}
+    assert got == C.PILOT_SENSITIVITY
+
+
 def test_a_grid_claims_cells_are_a_seed_at_every_lr_seed_by_seed_across_its_arms(tmp_path):
     root = tmp_path / "runs"
     grid_run(root, "pre_ln", 1e-3, 1, 6.0)  # the coverage cell: seed 1 at the shared lr

@@ -136,8 +136,8 @@ class Claim:
 # lr=1e-4,3e-4,1e-3,3e-3,1e-2,3e-2,1e-1 placement=post_ln,pre_ln warmup=0,40 depth=6 seed=101. Its
 # runs' small files are kept in docs/measurements/2026-12-04-lr-sensitivity-pilot/runs; `lnexp results
 # DIR --lr-sensitivity` prints these numbers (bits/token) from them:
-PILOT_SENSITIVITY = {("post_ln", 0): math.nan, ("post_ln", 40): math.nan,
-                     ("pre_ln", 0): math.nan, ("pre_ln", 40): math.nan}
+PILOT_SENSITIVITY = {("post_ln", 0): 0.761, ("post_ln", 40): 0.629,
+                     ("pre_ln", 0): 0.815, ("pre_ln", 40): 0.775}
 # The rule: a claim's effect is half the difference the pilot saw in the claimed direction (half: one
 # seed's difference overstates a mean one as often as not, and the claim is planned to find less),
 # at least EFFECT_FLOOR (a grid-mean difference of 0.1 bit: one of the 7 lrs ending 0.7 bit apart,
