@@ -249,5 +249,7 @@ def test_a_resume_never_trains_past_max_update_whatever_its_status_says(
         status = rundir.read_json(paths["status"])
         assert {k: status[k] for k in ("status", "epoch", "updates", "max_update")} == {
             "status": "stopped", "epoch": 1, "updates": 2, "max_update": 2}
+        # rewritten from the checkpoint, the status still says the epoch was cut at update 2
+        assert status["last_epoch_complete"] is first["last_epoch_complete"] is False
         assert [int(r["update"]) for r in rundir.read_updates(paths["updates"])] == [1, 2]
         assert [r["updates"] for r in rundir.read_metrics(paths["metrics"])] == [2]

@@ -252,8 +252,8 @@ class Training:
         """Whether max_update ended the last epoch before its end."""
         try:
             return not self.epoch_itr.end_of_epoch()
-        except AttributeError:  # no epoch begun in this process: the checkpoint ends one
-            return False
+        except AttributeError:  # no epoch begun in this process: the checkpoint says where it is
+            return bool(getattr(self.epoch_itr, "iterations_in_epoch", 0))
 
 
 def _save_checkpoint(trainer, epoch_itr, state: RunState, paths: dict[str, Path]) -> None:
