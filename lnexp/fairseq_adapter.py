@@ -17,14 +17,67 @@ fairseq where it is defined, and none of them touches the runtime internals abov
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import logging
 import math
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 logging.getLogger("fairseq").setLevel(logging.WARNING)
+
+# fairseq imports every module of its tasks/ and criterions/ folders when it is imported. Two of them
+# import scikit-learn, and with it scipy and pandas: about 1 CPU s of the ~3 s that every process
+# importing fairseq pays, for an audio task and a sentence-classification criterion (and its
+# adapters' criterion, which imports it) that lnexp never uses.
+DEFERRED_FAIRSEQ_MODULES = ("fairseq.criterions.sentence_prediction",
+                            "fairseq.criterions.sentence_prediction_adapters",
+                            "fairseq.tasks.audio_classification")
+
+
+def defer_unused_fairseq_modules() -> None:
+    """Import DEFERRED_FAIRSEQ_MODULES as empty modules that run their code when a name is first
+    read from them (then they register their task or criterion, as fairseq would have). Called when
+    lnexp is imported, before anything imports fairseq; a process that imported fairseq earlier
+    keeps it as it is."""
+    if not any(isinstance(f, _DeferredFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferredFinder())
+
+
+class _DeferredFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in DEFERRED_FAIRSEQ_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _RunOnFirstRead(spec.loader)
+        return spec
+
+
+class _RunOnFirstRead(importlib.abc.Loader):
+    """Not importlib's LazyLoader: that one runs a module when anything reads ``__file__``, which
+    torch does of every module in sys.modules when it registers an operator."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        loader = self.loader
+
+        def run_then_read(name: str) -> Any:  # a module's __getattr__: names it does not hold yet
+            del module.__dict__["__getattr__"]
+            module.__loader__ = module.__spec__.loader = loader
+            loader.exec_module(module)
+            return getattr(module, name)
+
+        module.__dict__["__getattr__"] = run_then_read
 
 
 def _fairseq_flags(flags: dict[str, Any]) -> list[str]:

@@ -106,3 +106,18 @@ def _has(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+def test_fairseq_starts_without_scikit_learn_and_a_deferred_module_runs_when_read():
+    """lnexp's model imports fairseq without the two plugins that pull in scikit-learn (~1 s of
+    every start); reading a name from one runs it, and it registers its criterion as fairseq would."""
+    probe = ("import sys; import lnexp.model; "
+             "from lnexp.fairseq_adapter import DEFERRED_FAIRSEQ_MODULES as D; "
+             "from fairseq.criterions import CRITERION_REGISTRY as R; "
+             "print(all(m in sys.modules for m in D), 'sklearn' in sys.modules, 'sentence_prediction' in R); "
+             "import fairseq.criterions.sentence_prediction as sp; sp.SentencePredictionCriterion; "
+             "print('sklearn' in sys.modules, R['sentence_prediction'] is sp.SentencePredictionCriterion)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False", "False", "True", "True"], proc.stdout
