@@ -3,7 +3,7 @@
 side by side, with fp16 overflows, gradient norms against fp32, and data-parallel training over
 every visible GPU. One table (``--out DIR``: also gpu_check.csv and gpu_check.json, rewritten after
 every row); part 3 of scripts/gpu_session.py, which gives it 120 s on one GPU (6 short runs; not
-yet timed on one: --tiny takes about a minute on 2 busy CPU cores).
+yet timed on one: --tiny takes about 20 CPU seconds, most of them its 3 processes' start-up).
 
     python scripts/gpu_check.py                  # paper IWSLT model (6+6, d=512), all precisions
     python scripts/gpu_check.py --updates 50 --max-tokens 8192
