@@ -142,7 +142,17 @@ def read_json(path: Path) -> dict | None:
 
 
 def gpu_visible() -> str | None:
-    """None where torch sees a CUDA GPU, else why not (one line)."""
+    """None where torch sees a CUDA GPU, else why not (one line). A CPU build of torch (its version
+    ends in +cpu, read from its metadata, as lnexp.runtime.host.gpus reads it) sees none: said
+    without importing torch (seconds)."""
+    try:
+        from importlib.metadata import version
+
+        installed = version("torch")
+    except Exception:  # noqa: BLE001 - no torch metadata: importing it decides
+        installed = ""
+    if installed.endswith("+cpu"):
+        return f"torch {installed} is a CPU build (no CUDA)"
     try:
         import torch
     except ImportError as e:
