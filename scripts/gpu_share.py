@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         models, ns = ["mini"], [1, 2]
         base += B.QUICK_OVERRIDES
-        args.warmup, args.updates = 1, min(args.updates, 2)  # 2 rounds: both orders
+        args.warmup, args.updates = 1, min(args.updates, 2)
     if not cuda:  # forked runs inherit what one run's set-up imports (torch, fairseq's tasks,
         # criterions and optimizers: ~4 CPU s of a run's first set-up) and the prepared data
         B.Timed([*base, f"scale.arch={B.ARCHS[models[0]]}", "seed=1"])
