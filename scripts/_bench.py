@@ -23,6 +23,9 @@ ARCHS = {"mini": "ln_transformer_mini", "iwslt": "ln_transformer_iwslt_de_en"}
 # and Post-/Pre-LN have a stock equivalent (Pre-LN's default recipe, step, has none)
 STOCK_SCHEDULE = "schedule=inverse_sqrt"
 QUICK_OVERRIDES = ["depth.encoder_layers=2", "depth.decoder_layers=2", "scale.max_tokens=512"]
+# --quick / --tiny: the matmul peak's size on CPU, a figure the tests only read (2048: ~1 CPU s a
+# matmul on one core, 512: ~0.01 s)
+QUICK_PEAK_N = 512
 
 
 def machine_line() -> str:

@@ -215,14 +215,15 @@ def main() -> None:
     if args.max_tokens:
         extra.append(f"scale.max_tokens={args.max_tokens}")
     peak_reps = 10  # matmuls of the peak's best-of (--quick: 1, a figure the tests only read)
+    peak_n = 2048  # its size (--quick: B.QUICK_PEAK_N)
     if args.quick:
         extra += B.QUICK_OVERRIDES
         args.reps = 1 if args.reps == 3 else args.reps
-        peak_reps = 1
+        peak_reps, peak_n = 1, B.QUICK_PEAK_N
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
 
     print(B.machine_line())
-    peak0 = B.matmul_peak(2048, "float32", reps=peak_reps)
+    peak0 = B.matmul_peak(peak_n, "float32", reps=peak_reps)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results: dict[tuple[str, str, str], list[dict]] = {}
     commands: dict[tuple[str, str], str] = {}
@@ -246,13 +247,14 @@ def main() -> None:
                     results.setdefault((model, placement, kind), []).append(res)
                     print(f"  {model:5} {placement:8} {kind:5} rep {rep + 1}: {res['tok_s']:8.0f} "
                           f"tok/s (load {res['load']:.2f})", file=sys.stderr, flush=True)
-    peak1 = B.matmul_peak(2048, "float32", reps=peak_reps)
+    peak1 = B.matmul_peak(peak_n, "float32", reps=peak_reps)
     peak = max(peak0, peak1)
     peaks = {"fp32": peak}
     if device == "cuda":
         peaks["bf16"] = B.matmul_peak(4096, "bfloat16", "cuda")
         peaks["fp32"] = B.matmul_peak(4096, "float32", "cuda")
-    report(results, commands, models, placements, peaks, args, threads, device, peak_reps)
+    report(results, commands, models, placements, peaks, args, threads, device, peak_reps,
+           4096 if device == "cuda" else peak_n)
 
 
 def _runs_for(model: str, placements: list[str], extra: list[str], total: int, work: Path,
@@ -359,9 +361,9 @@ FAST_GOAL = {"mini": 2.0}
 
 
 def report(results, commands, models, placements, peaks, args, threads, device,
-           peak_reps: int = 10) -> None:
+           peak_reps: int = 10, peak_n: int = 2048) -> None:
     peak = peaks["fp32" if args.precision == "fp32" else "bf16"]
-    print(f"# peak: {args.precision if device == 'cuda' else 'fp32'} matmul 2048x2048, "
+    print(f"# peak: {args.precision if device == 'cuda' else 'fp32'} matmul {peak_n}x{peak_n}, "
           f"{threads} threads: {peak / 1e9:.1f} GFLOP/s (best of {peak_reps}, before and after "
           "the runs)"
           + (f"; bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s" if "bf16" in peaks else ""))

@@ -3,7 +3,7 @@
 side by side, with fp16 overflows, gradient norms against fp32, and data-parallel training over
 every visible GPU. One table (``--out DIR``: also gpu_check.csv and gpu_check.json, rewritten after
 every row); part 3 of scripts/gpu_session.py, which gives it 120 s on one GPU (6 short runs; not
-yet timed on one: --tiny takes about a minute on 2 busy CPU cores).
+yet timed on one: --tiny takes about 20 CPU seconds, most of them its 3 processes' start-up).
 
     python scripts/gpu_check.py                  # paper IWSLT model (6+6, d=512), all precisions
     python scripts/gpu_check.py --updates 50 --max-tokens 8192
@@ -88,6 +88,8 @@ def main() -> None:
         print(f"# GPU: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, CUDA "
               f"{torch.version.cuda}, TF32 matmul "
               f"{'on' if torch.backends.cuda.matmul.allow_tf32 else 'off'}")
+    if args.tiny:  # the mini model (d=128), cut to 2+2 layers below
+        args.model = "mini"
     over = [f"scale.arch={B.ARCHS[args.model]}", "placement=pre_ln", B.STOCK_SCHEDULE, f"device={device}",
             "seed=1", f"threads={torch.get_num_threads()}"]
     world = args.world_size
@@ -96,12 +98,12 @@ def main() -> None:
     if args.tiny:
         over += B.QUICK_OVERRIDES
         args.model = "mini (2+2 layers)"
-        args.warmup, args.updates = 1, min(args.updates, 3)
+        args.warmup, args.updates = 1, min(args.updates, 2)  # 2 rounds: both orders
         world = args.world_size or 2
     if args.max_tokens:
         over.append(f"scale.max_tokens={args.max_tokens}")
     over += B.data_overrides(args)
-    n = 8192 if cuda else 2048
+    n = 8192 if cuda else (B.QUICK_PEAK_N if args.tiny else 2048)
     rows, single, ref_norms, peaks = [], {}, {}, {}
     headers = ["precision", "world", "model", "lnexp tok/s", "stock tok/s", "lnexp/stock",
                "overflows l/s", "loss scale", "gnorm vs fp32", "of peak", "stock setting",

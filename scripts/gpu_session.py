@@ -42,6 +42,7 @@ SESSIONS: dict[str, dict[str, float]] = {
 }
 ATLAS_MIN = 5.0  # the atlas's own budget (lnexp atlas --budget-min) in the atlas session
 TINY_ATLAS = ["max_update=2", "eval.subset=4", "scale.max_tokens=512", "threads=1"]
+TINY_ATLAS_MIN = 1.3  # --tiny's atlas budget (minutes): the smallest that holds one tiny cell
 FIG2_EPOCHS = 3  # ~25 s each with four runs side by side on the H200, ~15 s to start: 90 s of 120
 TINY_SLACK = 4  # --tiny on a few busy CPU cores: the GPU budgets x4 (2 cores, load 6: 226 s in all)
 TINY = ["scale.arch=ln_transformer_mini", "depth.encoder_layers=2", "depth.decoder_layers=2",
@@ -141,7 +142,17 @@ def read_json(path: Path) -> dict | None:
 
 
 def gpu_visible() -> str | None:
-    """None where torch sees a CUDA GPU, else why not (one line)."""
+    """None where torch sees a CUDA GPU, else why not (one line). A CPU build of torch (its version
+    ends in +cpu, read from its metadata, as lnexp.runtime.host.gpus reads it) sees none: said
+    without importing torch (seconds)."""
+    try:
+        from importlib.metadata import version
+
+        installed = version("torch")
+    except Exception:  # noqa: BLE001 - no torch metadata: importing it decides
+        installed = ""
+    if installed.endswith("+cpu"):
+        return f"torch {installed} is a CPU build (no CUDA)"
     try:
         import torch
     except ImportError as e:
@@ -246,8 +257,10 @@ def atlas(py: str, args: argparse.Namespace, out: Path, work: Path, env: dict[st
 
         shutil.copytree(args.resume_atlas, runs, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("figures"))
-    # --tiny: a few tiny cells on CPU within about a minute and a half
-    budget_min = atlas_budget(runs, 1.5 if args.tiny else args.atlas_min)
+    # --tiny: a few tiny cells on CPU: the smallest budget lnexp atlas takes for them (its figures'
+    # minute and one cell's first cost, 17 s at max_update=2: lnexp.atlas.resources); the cells'
+    # CPU seconds grow with it, as measured cells fill what is left
+    budget_min = atlas_budget(runs, TINY_ATLAS_MIN if args.tiny else args.atlas_min)
     cmd = [py, "-m", "lnexp.cli", "atlas", "--scale", "mini", "--runs-root", str(runs),
            "--budget-min", f"{budget_min:g}", "--launcher", args.atlas_launcher,
            *(["--jobs", "1"] if args.tiny else []), *data_over, *(TINY_ATLAS if args.tiny else [])]

@@ -122,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:
         models, ns = ["mini"], [1, 2]
         base += B.QUICK_OVERRIDES
-        args.warmup, args.updates = 1, min(args.updates, 3)
-    if not cuda:  # forked runs inherit these imports
-        import lnexp.fairseq_adapter  # noqa: F401
-        import lnexp.train.settings  # noqa: F401
+        args.warmup, args.updates = 1, min(args.updates, 2)
+    if not cuda:  # forked runs inherit what one run's set-up imports (torch, fairseq's tasks,
+        # criterions and optimizers: ~4 CPU s of a run's first set-up) and the prepared data
+        B.Timed([*base, f"scale.arch={B.ARCHS[models[0]]}", "seed=1"])
     print(B.machine_line())
     if cuda:
         print(f"# GPU: {torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}")

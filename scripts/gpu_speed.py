@@ -16,8 +16,9 @@ run stopped at its time budget keeps what it measured):
 2. ``best``: the default plus every setting that alone beat it by ``WIN`` or more (of the two Adam
    kernels, the faster), against the default and stock's fastest correct setting (the same
    warmed-up runs), timed again round for round; then the same three for the other placements.
-3. ``profile`` (half precision; OUT/profile.txt, profile.json): 5 updates of the best combination
-   under torch.profiler: the GPU's busy share of the wall time, the operators with the most time.
+3. ``profile`` (half precision; OUT/profile.txt, profile.json): 5 updates (--tiny: 2) of the best
+   combination under torch.profiler: the GPU's busy share of the wall time, the operators with the
+   most time.
 4. ``graphs`` (last; GPU, bf16): CUDA graphs (compile=true, speed.compile_mode=reduce-overhead,
    speed.buckets) added to the best combination: compiling every layer for each bucket takes longest.
 
@@ -128,9 +129,9 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
-def profile(run: B.Timed, out: Path | None) -> dict:
-    """5 more updates of a warmed-up run under torch.profiler: wall seconds, the device's busy
-    seconds, the operators with the most device (else CPU) time."""
+def profile(run: B.Timed, out: Path | None, updates: int = 5) -> dict:
+    """``updates`` more updates of a warmed-up run under torch.profiler: wall seconds, the device's
+    busy seconds, the operators with the most device (else CPU) time."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -141,14 +142,15 @@ def profile(run: B.Timed, out: Path | None) -> dict:
     run._sync()
     t = time.perf_counter()
     with torch_profile(activities=acts) as prof:
-        for _ in range(5):
+        for _ in range(updates):
             meter.timed()
     wall = time.perf_counter() - t
     events = prof.key_averages()
     if out is not None:  # torch's own table first: kept even if the reading below fails
         out.mkdir(parents=True, exist_ok=True)
         sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-        (out / "profile.txt").write_text(f"# {' '.join(run.overrides)}\n# 5 updates, {wall:.3f} s wall\n"
+        (out / "profile.txt").write_text(f"# {' '.join(run.overrides)}\n# {updates} updates, "
+                                         f"{wall:.3f} s wall\n"
                                          + events.table(sort_by=sort, row_limit=40) + "\n")
 
     def dev(e) -> float:  # microseconds of device time an event itself took
@@ -165,7 +167,7 @@ def profile(run: B.Timed, out: Path | None) -> dict:
     top = sorted(events, key=key, reverse=True)[:25]
     rows = [{"op": e.key, "self_s": key(e) / 1e6, "share_of_wall": key(e) / 1e6 / wall,
              "calls": e.count, "on_device": on_device(e)} for e in top]
-    res = {"overrides": run.overrides, "updates": 5, "wall_s": wall, "device_busy_s": busy,
+    res = {"overrides": run.overrides, "updates": updates, "wall_s": wall, "device_busy_s": busy,
            "device_busy_share": busy / wall if cuda else NAN, "time_is": "device" if cuda else "cpu",
            "top": rows}
     if out is not None:
@@ -198,13 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.tiny:  # the quick model: 2+2 layers, 512 tokens a batch
         tiny = [o for o in B.QUICK_OVERRIDES if not o.startswith("scale.max_tokens=")]
         args.max_tokens, args.model = 512, "mini"
-        args.warmup, args.updates = 1, min(args.updates, 3)
+        args.warmup, args.updates = 1, min(args.updates, 2)  # 2 rounds: both orders
     over = [f"scale.arch={B.ARCHS[args.model]}", B.STOCK_SCHEDULE, f"device={device}", "seed=1",
             f"threads={threads}", f"scale.max_tokens={args.max_tokens}", *tiny,
             *B.data_overrides(args)]
     if not cuda:
         precisions = [x for x in precisions if x == "fp32"]
-    n = 8192 if cuda else 1024
+    n = 8192 if cuda else (B.QUICK_PEAK_N if args.tiny else 1024)
     peaks = {x: B.matmul_peak(n, DTYPES[x], device) for x in precisions}
     meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": B.machine_line().lstrip("# "),
             "device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
@@ -248,14 +250,14 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{k} {v['tok_s']:,.0f} tok/s" for k, v in res.items()), flush=True)
         if precision == half:  # 3. where the time of the best half-precision update goes
             try:
-                prof = profile(keep.get("best", keep["default"]), args.out)
+                prof = profile(keep.get("best", keep["default"]), args.out, 2 if args.tiny else 5)
             except Exception as e:  # one reading among several: the rest still runs
                 meta["profile"] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"# profile failed: {meta['profile']['error']}", flush=True)
             else:
                 meta["profile"] = {k: prof[k] for k in ("overrides", "wall_s", "device_busy_s",
                                                         "device_busy_share", "time_is")}
-                print(f"# profile {lead} {precision}: {prof['wall_s'] / 5 * 1e3:.1f} ms an "
+                print(f"# profile {lead} {precision}: {prof['wall_s'] / prof['updates'] * 1e3:.1f} ms an "
                       f"update, device busy {prof['device_busy_share']:.0%}", flush=True)
         del keep
         release()

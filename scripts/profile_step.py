@@ -230,7 +230,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--stock", action="store_true",
                    help="profile stock fairseq's transformer instead (Post-/Pre-LN only)")
-    p.add_argument("--quick", action="store_true", help="tiny 2+2-layer mini model (for tests)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny 2+2-layer mini model, a 512x512 matmul peak (for tests)")
     p.add_argument("--cell", action="store_true",
                    help="a mini atlas cell's time by phase (start-up, data, forward, backward, "
                         "optimizer, norm tracking, evaluation) instead of the operator profile")
@@ -253,6 +254,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.quick:  # the mini model (d=128), cut to 2+2 layers below
+        args.model = "mini"
     over = [f"scale.arch={B.ARCHS[args.model]}", f"placement={args.placement}", B.STOCK_SCHEDULE, "seed=1",
             f"threads={torch.get_num_threads()}", f"precision={args.precision}", *B.data_overrides(args),
             *args.override]
@@ -270,15 +273,16 @@ def main() -> None:
               f"{' '.join(args.override) or '-'}")
         host_syncs(trainer, args.updates)
         return
-    reps = 1 if args.quick else 10  # the peak's best-of: --quick's figure is only read by the tests
-    peak0 = B.matmul_peak(2048, "float32", reps=reps)
+    # the peak's best-of and size: --quick's figure is only read by the tests
+    reps, n = (1, B.QUICK_PEAK_N) if args.quick else (10, 2048)
+    peak0 = B.matmul_peak(n, "float32", reps=reps)
     trainer = B.Timed(over, stock=args.stock)
     res = trainer.run(args.warmup, args.updates, count_flops=1)
     cats, mm_flops, optimizer_s, profiled_s = profile(trainer, args.updates)
-    peak = max(peak0, B.matmul_peak(2048, "float32", reps=reps))
+    peak = max(peak0, B.matmul_peak(n, "float32", reps=reps))
     if trainer.precision.autocast:
-        print(f"# precision: {trainer.precision.why}; bf16 matmul peak 2048x2048: "
-              f"{B.matmul_peak(2048, 'bfloat16', reps=reps) / 1e9:.0f} GFLOP/s (the table's peak "
+        print(f"# precision: {trainer.precision.why}; bf16 matmul peak {n}x{n}: "
+              f"{B.matmul_peak(n, 'bfloat16', reps=reps) / 1e9:.0f} GFLOP/s (the table's peak "
               "stays fp32's)")
 
     update_s = res["s_per_update"]
@@ -296,7 +300,7 @@ def main() -> None:
     achieved = res["tok_s"] * res["flops_per_token"]
     print()
     print(B.table(["efficiency", "GFLOP/s", "of peak"], [
-        ["fp32 matmul peak 2048x2048 (best of before/after)", peak / 1e9, 1.0],
+        [f"fp32 matmul peak {n}x{n} (best of before/after)", peak / 1e9, 1.0],
         ["matmul kernels inside the model (shape FLOPs / their self time)", mm_rate / 1e9, mm_rate / peak],
         ["profiled updates: matmul FLOPs / update time", mm_flops / profiled_s / 1e9,
          mm_flops / profiled_s / peak],

@@ -1,4 +1,6 @@
-"""The benchmark scripts run (quick/tiny modes) and print their tables. No timing assertions."""
+"""The benchmark scripts run (quick/tiny modes) and print their tables. No timing assertions.
+Most run in this process (``run_here``: the tables are what is tested, not the process); the
+runs and children they start are processes of their own, as they are for a user."""
 
 from __future__ import annotations
 
@@ -24,10 +26,55 @@ def bench_env(tmp_path_factory) -> dict[str, str]:
 
 
 def run_script(name: str, *args: str, env: dict[str, str], timeout: int = 300) -> str:
+    """The script in a fresh interpreter, as a user runs it; its stdout."""
     proc = subprocess.run([sys.executable, str(SCRIPTS / name), *args], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=timeout)
     assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc.stdout
+
+
+def run_here(name: str, *args: str, env: dict[str, str]) -> str:
+    """The script run as ``__main__`` in this process, for the tests that read its tables, not its
+    process: the same code without the ~6 CPU s of a fresh interpreter that imports torch, fairseq
+    and hydra and builds its first trainer. Its environment is ``env`` while it runs; sys.argv,
+    sys.path, the environment, torch's thread count (the scripts and lnexp's sessions set it), the
+    loggers and Hydra's global state are put back afterwards, as tests.conftest.lnexp_main puts
+    them. The subprocesses a script starts itself (training runs, children) are still their own.
+    Its stdout."""
+    import contextlib
+    import io
+    import runpy
+
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from lnexp.logs import loggers_state, restore_loggers
+
+    saved_env, argv, path, threads = dict(os.environ), sys.argv, list(sys.path), torch.get_num_threads()
+    hydra_cfg, hydra_up = HydraConfig.instance().cfg, GlobalHydra.instance().is_initialized()
+    loggers = loggers_state()
+    out, rc = io.StringIO(), 0
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = [str(SCRIPTS / name), *args]
+        with contextlib.chdir(REPO), contextlib.redirect_stdout(out):
+            try:
+                runpy.run_path(str(SCRIPTS / name), run_name="__main__")
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.argv, sys.path[:] = argv, path
+        torch.set_num_threads(threads)
+        HydraConfig.instance().cfg = hydra_cfg
+        if not hydra_up:
+            GlobalHydra.instance().clear()
+        restore_loggers(loggers)
+    assert rc == 0, f"{name} exited {rc}:\n{out.getvalue()}"
+    return out.getvalue()
 
 
 def table_rows(out: str, *columns: str) -> list[list[str]]:
@@ -58,7 +105,7 @@ def data_args(small_multi30k: Path) -> list[str]:
 
 
 def test_bench_train_quick_prints_throughput_ratio_and_stock_command(small_multi30k, bench_env):
-    out = run_script("bench_train.py", "--quick", "--models", "mini", "--placements", "post_ln",
+    out = run_here("bench_train.py", "--quick", "--models", "mini", "--placements", "post_ln",
                      *data_args(small_multi30k), env=bench_env)
     assert "load avg" in out and "GFLOP/s" in out
     rows = table_rows(out, "model", "placement")
@@ -75,6 +122,7 @@ def test_bench_train_quick_prints_throughput_ratio_and_stock_command(small_multi
 
 
 def test_bench_train_interleaved_compile_prints_compiled_over_eager(small_multi30k, bench_env):
+    # a fresh interpreter: torch.compile's caches and compile workers stay out of this process
     out = run_script("bench_train.py", "--quick", "--interleaved", "--compile", "--models", "mini",
                      "--placements", "post_ln", *data_args(small_multi30k), env=bench_env)
     rows = table_rows(out, "model", "placement")
@@ -85,7 +133,7 @@ def test_bench_train_interleaved_compile_prints_compiled_over_eager(small_multi3
 
 
 def test_bench_eval_quick_prints_validation_share(small_multi30k, bench_env):
-    out = run_script("bench_eval.py", "--quick", *data_args(small_multi30k), env=bench_env)
+    out = run_here("bench_eval.py", "--quick", *data_args(small_multi30k), env=bench_env)
     rows = table_rows(out, "BLEU", "setting")
     assert len(rows) == 2
     assert rows[0][0].startswith("beam 1, batch 256") and rows[1][0].startswith("beam 5, batch 64")
@@ -96,7 +144,7 @@ def test_bench_eval_quick_prints_validation_share(small_multi30k, bench_env):
 
 
 def test_bench_startup_quick(bench_env):
-    out = run_script("bench_startup.py", "--quick", env=bench_env)
+    out = run_here("bench_startup.py", "--quick", env=bench_env)
     rows = {r[0]: r for r in table_rows(out, "command")}
     assert set(rows) >= {"lnexp --help", "lnexp train --cfg job"}
     assert all(positive(r[1]) for r in rows.values())
@@ -104,7 +152,7 @@ def test_bench_startup_quick(bench_env):
 
 
 def test_profile_step_quick_splits_update_time_and_reports_matmul_ceiling(small_multi30k, bench_env):
-    out = run_script("profile_step.py", "--quick", *data_args(small_multi30k), env=bench_env)
+    out = run_here("profile_step.py", "--quick", *data_args(small_multi30k), env=bench_env)
     cats = {r[0]: r for r in table_rows(out, "category", "of")}
     assert "matrix multiply (mm, addmm, bmm)" in cats and "dropout masks (bernoulli_)" in cats
     shares = [number(r[2]) for name, r in cats.items() if not name.startswith("(")]
@@ -120,7 +168,7 @@ def test_profile_step_syncs_lists_the_host_reads_by_line_and_the_calls_by_phase(
                                                                                 bench_env):
     """With the default speed.syncs=fewer fairseq's meters are not read back (meters.py); the
     Trainer's finiteness check before the step is (trainer.py), and fused Adam is 4 calls."""
-    out = run_script("profile_step.py", "--quick", "--syncs", "--override", "speed.adam=fused",
+    out = run_here("profile_step.py", "--quick", "--syncs", "--override", "speed.adam=fused",
                      *data_args(small_multi30k), env=bench_env)
     reads = {r[1].split(":")[0]: r for r in table_rows(out, "per", "update", "where")}
     assert "fairseq/trainer.py" in reads and reads["fairseq/trainer.py"][2] == "GPU sync"
@@ -134,7 +182,7 @@ def test_bench_sharing_quick_prints_the_table_and_the_threads_taken(small_multi3
     """One tiny run (each run is a process with lnexp's start-up, ~20 s: `--runs 1,2` would take
     four); the side-by-side rows are the same code with N processes started together."""
     env = {**bench_env, "LNEXP_ACTIVE_DIR": str(tmp_path / "active")}  # this test's runs only
-    out = run_script("bench_sharing.py", "--quick", "--runs", "1", *data_args(small_multi30k),
+    out = run_here("bench_sharing.py", "--quick", "--runs", "1", *data_args(small_multi30k),
                      env=env)
     assert "OMP_NUM_THREADS=unset" in out  # lnexp's defaults are what is measured
     (row,) = table_rows(out, "runs", "apart_s")
@@ -167,7 +215,7 @@ def bf16_numbers(bf16_cpu):
 
 def test_bench_train_fast_paths_print_updates_per_second_against_fp32(small_multi30k, bench_env,
                                                                      bf16_cpu):
-    out = run_script("bench_train.py", "--quick", "--interleaved", "--no-stock", "--fast", "bf16",
+    out = run_here("bench_train.py", "--quick", "--interleaved", "--no-stock", "--fast", "bf16",
                      "--models", "mini", "--placements", "post_ln", *data_args(small_multi30k),
                      env=bench_env)
     assert [r[2] for r in table_rows(out, "model", "placement")] == ["lnexp", "bf16"]
@@ -177,7 +225,7 @@ def test_bench_train_fast_paths_print_updates_per_second_against_fp32(small_mult
 
 
 def test_profile_step_cell_splits_a_cell_by_phase(small_multi30k, bench_env):
-    out = run_script("profile_step.py", "--quick", "--cell", "--precision", "auto",
+    out = run_here("profile_step.py", "--quick", "--cell", "--precision", "auto",
                      *data_args(small_multi30k), env=bench_env)
     assert "# precision: bf16 autocast on CPU (precision=auto" in out or "# precision: fp32 (" in out
     rows = {r[0]: r for r in table_rows(out, "phase")}
@@ -189,7 +237,7 @@ def test_profile_step_cell_splits_a_cell_by_phase(small_multi30k, bench_env):
 
 
 def test_precision_check_quick_compares_fp32_and_bf16(small_multi30k, bench_env, bf16_numbers):
-    out = run_script("precision_check.py", "--quick", *data_args(small_multi30k), env=bench_env)
+    out = run_here("precision_check.py", "--quick", *data_args(small_multi30k), env=bench_env)
     grads = table_rows(out, "placement", "seed")
     assert [r[0] for r in grads] == ["post_ln", "pre_ln", "peri_ln"]
     assert all(0 <= number(r[4]) < 0.2 for r in grads)  # bf16 gradient norms near fp32's
@@ -198,7 +246,7 @@ def test_precision_check_quick_compares_fp32_and_bf16(small_multi30k, bench_env,
 
 
 def test_order_effect_prints_both_runs_on_the_same_batches(small_multi30k, bench_env):
-    out = run_script("order_effect.py", "--updates", "2", *data_args(small_multi30k), env=bench_env)
+    out = run_here("order_effect.py", "--updates", "2", *data_args(small_multi30k), env=bench_env)
     rows = table_rows(out, "run", "aten::mm")
     assert [r[0] for r in rows] == ["first", "second"]
     assert all(positive(r[1]) and positive(r[2]) for r in rows)
