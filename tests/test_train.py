@@ -15,6 +15,8 @@ from tests.conftest import lnexp_main
 # 2 epochs of 600 pairs (small_multi30k), or of 200 (tiny_multi30k: the runs that check what a run
 # writes or says, not what it learns), cannot leave the unigram plateau: keep the plateau rule out
 SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "divergence.plateau_epoch=99"]
+# ... with BLEU on 4 validation sentences, where a run's BLEU is only a path (nothing reads its score)
+SMALL_BLEU4 = [*(o for o in SMALL if not o.startswith("eval.subset=")), "eval.subset=4"]
 # ... and 2+2 layers where a test checks what a run writes, not what depth 6 learns (a third of the
 # CPU time of the mini model's 6+6)
 PERI = ["placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0", *SMALL,
@@ -138,7 +140,7 @@ def test_finished_run_is_skipped(peri_radam_run, tiny_multi30k, tiny_prepared_ca
 
 def test_sgd_with_warmup_runs(tmp_path, tiny_multi30k, tiny_prepared_cache):
     lnexp_main("train", "optimizer=sgd", "lr=5e-3", "warmup=5", "max_epoch=2",
-               f"dataset.dir={tiny_multi30k}", *SMALL, "depth.encoder_layers=2",
+               f"dataset.dir={tiny_multi30k}", *SMALL_BLEU4, "depth.encoder_layers=2",
                "depth.decoder_layers=2", f"runs_root={tmp_path / 'runs'}", cache=tiny_prepared_cache)
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -204,7 +206,7 @@ def test_headline_recipe_and_progress_lines(tmp_path, tiny_multi30k, tiny_prepar
     progress inside the epoch; a depth sweep runs as typed."""
     # in-process (Hydra's basic launcher runs the sweep's jobs in it): what the command says
     proc = lnexp_main("train", "-m", "placement=pre_ln", "warmup=0", "depth=1,2", "max_update=4",
-                      "log_interval=2", f"dataset.dir={tiny_multi30k}", *SMALL,
+                      "log_interval=2", f"dataset.dir={tiny_multi30k}", *SMALL_BLEU4,
                       f"runs_root={tmp_path / 'runs'}", cache=tiny_prepared_cache)
     out = proc.stdout + proc.stderr
     assert "schedule: step: lr_max 0.001, no warm-up, lr_max held, x0.1 from epoch 8" in out
@@ -325,7 +327,8 @@ def test_a_trial_run_says_stopped_and_the_full_run_extends_it(tmp_path, small_mu
     from tests.conftest import TINY, lnexp_main
 
     runs, cache = tmp_path / "runs", tiny_run.parents[1] / "cache"
-    trial = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3",
+    bleu4 = "eval.subset=4"  # (BLEU only a path here; eval.subset does not name the run)
+    trial = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", bleu4,
                        f"runs_root={runs}", cache=cache).stdout
     (run_dir,) = runs.iterdir()
     assert f"{run_dir}: stopped after 1 epoch\n" in trial  # (counts are said as a reader says them)
@@ -339,10 +342,11 @@ def test_a_trial_run_says_stopped_and_the_full_run_extends_it(tmp_path, small_mu
     assert [r["note"] for r in csv.DictReader(open(tmp_path / "r.csv"))] == [
         "stopped at 3 updates, 1/2 epochs: max_update=3"]
     # (in-process too: what they say is what a user reads; Hydra logs to stdout)
-    again = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3",
+    again = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", bleu4,
                        f"runs_root={runs}", cache=cache).stdout
     assert "already stopped at 3 updates, 1/2 epochs: max_update=3, skipping" in again
-    full = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={runs}", cache=cache)
+    full = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, bleu4, f"runs_root={runs}",
+                      cache=cache)
     first = full.stdout.strip().splitlines()[0]
     assert first.endswith(f"{run_dir}: extends the earlier run from update 3 (it was stopped at 3 "
                           "updates, 1/2 epochs: max_update=3) to max_epoch=2; metrics.jsonl is appended to")
