@@ -106,6 +106,9 @@ def prepared_cache(tmp_path_factory, small_multi30k) -> Path:
     return cache
 
 
+TINY_PAIRS = {"train": 200, "val": 20, "test_2016_flickr": 20}  # tiny_multi30k's pairs
+
+
 @pytest.fixture(scope="session")
 def tiny_multi30k(tmp_path_factory) -> Path:
     """Fewer pairs of the shipped Multi30k than small_multi30k (200 to train, 20 to validate), in
@@ -121,9 +124,6 @@ def tiny_multi30k(tmp_path_factory) -> Path:
                 lines = [next(f).rstrip("\n") for _ in range(n)]
             write_gz(raw / f"{stem}.{lang}.gz", lines)
     return raw
-
-
-TINY_PAIRS = {"train": 200, "val": 20, "test_2016_flickr": 20}
 
 
 @pytest.fixture(scope="session")
