@@ -106,6 +106,35 @@ def prepared_cache(tmp_path_factory, small_multi30k) -> Path:
     return cache
 
 
+TINY_PAIRS = {"train": 200, "val": 20, "test_2016_flickr": 20}  # tiny_multi30k's pairs
+
+
+@pytest.fixture(scope="session")
+def tiny_multi30k(tmp_path_factory) -> Path:
+    """Fewer pairs of the shipped Multi30k than small_multi30k (200 to train, 20 to validate), in
+    its raw layout: for the trainings that check a path (what a run writes, how it ends, what it
+    says), not what it learns: a third of small_multi30k's updates an epoch."""
+    import gzip
+
+    raw = tmp_path_factory.mktemp("multi30k_tiny")
+    for stem, n in TINY_PAIRS.items():
+        for lang in ("de", "en"):
+            with gzip.open(REPO / "data" / "multi30k" / f"{stem}.{lang}.gz", "rt",
+                           encoding="utf-8") as f:
+                lines = [next(f).rstrip("\n") for _ in range(n)]
+            write_gz(raw / f"{stem}.{lang}.gz", lines)
+    return raw
+
+
+@pytest.fixture(scope="session")
+def tiny_prepared_cache(tmp_path_factory, tiny_multi30k) -> Path:
+    """A cache holding tiny_multi30k prepared at the tests' vocabulary (600), as prepared_cache."""
+    cache = tmp_path_factory.mktemp("tiny_prepared_cache")
+    lnexp_main("prepare", "multi30k", "--dir", str(tiny_multi30k), "--vocab-size", "600",
+               cache=cache)
+    return cache
+
+
 def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
     """Run the installed CLI in a subprocess, as a user would."""
     import subprocess

@@ -463,8 +463,8 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_multi30k, tmp_path,
-                                                           prepared_cache):
+def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, tiny_multi30k, tmp_path,
+                                                           tiny_prepared_cache):
     """A run on a small file system: a disk without room for the checkpoints the run will hold is
     refused before its first update (issue 49: a 3 MB disk was found full only once the run had
     trained), then a launch on a disk entirely full (the lock file), each one line naming the
@@ -476,9 +476,10 @@ def test_a_full_disk_is_one_line_exit_2_and_the_run_resumes(small_disk, small_mu
 
     from tests.conftest import TINY, lnexp_main
 
-    train = ["train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={small_disk}", "threads=1",
-             "eval.subset=4"]  # BLEU on 4 sentences: the disk, not the score, is under test
-    cache = prepared_cache
+    # TINY's model on 200 pairs, BLEU on 4 sentences: the disk, not the score, is under test
+    train = ["train", f"dataset.dir={tiny_multi30k}", *TINY, f"runs_root={small_disk}", "threads=1",
+             "eval.subset=4"]
+    cache = tiny_prepared_cache
 
     def remount(size: int) -> None:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(small_disk)], check=True)

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, lnexp_cmd, lnexp_main
+from tests.conftest import REPO, lnexp_main
 
-# tiny and deterministic: dropout 0, 2+2 layers, ~25 batches of 400 tokens per epoch
+# tiny and deterministic: dropout 0, 2+2 layers, ~25 batches of 400 tokens per epoch; BLEU on 4
+# sentences (rank 0 scores it once: that it does, not the score, is under test)
 TINY = ["dataset.vocab_size=600", "depth.encoder_layers=2", "depth.decoder_layers=2",
-        "scale.max_tokens=400", "scale.dropout=0", "eval.subset=30",
+        "scale.max_tokens=400", "scale.dropout=0", "eval.subset=4",
         "divergence.plateau_epoch=99", "threads=1"]
 
 
@@ -31,11 +32,11 @@ SHORT = ["max_epoch=1", "max_update=10"]
 
 
 @pytest.fixture(scope="module")
-def accumulated(tmp_path_factory, small_multi30k) -> Path:
+def accumulated(tmp_path_factory, small_multi30k, prepared_cache) -> Path:
     """The reference: one process, each update summing two batches (scale.update_freq=2)."""
     tmp = tmp_path_factory.mktemp("accum")
     lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, *SHORT, "scale.update_freq=2",
-               f"runs_root={tmp / 'runs'}", cache=small_multi30k.parent / "dist-cache")
+               f"runs_root={tmp / 'runs'}", cache=prepared_cache)
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
 
@@ -62,20 +63,21 @@ def assert_one_run_folder(dp: Path) -> None:
 
 
 def test_two_gloo_workers_follow_one_process_with_update_freq_2(tmp_path, small_multi30k,
-                                                                accumulated):
-    lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, *SHORT, "distributed.world_size=2",
-              f"runs_root={tmp_path / 'dp'}", cache=small_multi30k.parent / "dist-cache")
+                                                                prepared_cache, accumulated):
+    # the launch in this process: the two ranks are the processes it spawns (fresh interpreters,
+    # gloo between them), as from a `lnexp train` of its own
+    lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, *SHORT, "distributed.world_size=2",
+               f"runs_root={tmp_path / 'dp'}", cache=prepared_cache)
     (dp,) = (tmp_path / "dp").iterdir()  # one run folder, named without the world size
     assert "world_size" not in dp.name
     assert_same_updates(dp, accumulated)
     assert_one_run_folder(dp)
 
 
-def test_torchrun_ranks_train_the_same_run(tmp_path, small_multi30k, accumulated):
+def test_torchrun_ranks_train_the_same_run(tmp_path, small_multi30k, prepared_cache, accumulated):
     """Started by torchrun (its environment, detected as fairseq does): each process one rank."""
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "LNEXP_CACHE": str(small_multi30k.parent / "dist-cache"),
-           "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "LNEXP_CACHE": str(prepared_cache), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([str(torchrun), "--nproc_per_node=2", "-m", "lnexp.cli", "train",
                            f"dataset.dir={small_multi30k}", *TINY, *SHORT,
                            "distributed.world_size=2", f"runs_root={tmp_path / 'tr'}"],
@@ -102,11 +104,11 @@ def spawned_workers(parent: int) -> list[int]:
 
 
 def test_killed_worker_fails_the_run_and_a_rerun_resumes_with_another_world_size(
-        tmp_path, small_multi30k):
+        tmp_path, small_multi30k, prepared_cache):
     run_dir = tmp_path / "runs" / "run"  # a short name: this run's overrides make a long one
     args = [f"dataset.dir={small_multi30k}", *TINY, "max_epoch=3", "max_update=30",
             "save_interval_updates=3", f"runs_root={run_dir.parent}", f"hydra.run.dir={run_dir}"]
-    cache = small_multi30k.parent / "dist-cache"  # the module's prepared corpus
+    cache = prepared_cache  # the corpus prepared once, before the workers read it
     env = {**os.environ, "LNEXP_CACHE": str(cache), "PYTHONWARNINGS": "ignore"}
     with open(tmp_path / "out.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "lnexp.cli", "train", *args,

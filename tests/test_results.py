@@ -102,7 +102,10 @@ def test_sweep_lists_diverged_and_failed_runs(tmp_path, small_multi30k, prepared
     joblib or submitit the runs are in other processes, and the exit status still reports the
     failed one."""
     runs, cache = tmp_path / "runs", prepared_cache
-    run = lnexp_cmd if launcher else lnexp_main  # Hydra's basic launcher: the runs in this process
+    # Hydra's basic launcher: the runs in this process; submitit's: each run a process of its own,
+    # started from this one; joblib's loky workers outlive a launch (reused later in the process that
+    # started them, with its environment of then): that launch in a process of its own
+    run = lnexp_cmd if "hydra/launcher=joblib" in launcher else lnexp_main
     proc = run("train", "-m", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
                "eval.subset=4", "depth.encoder_layers=2", "depth.decoder_layers=2",
                "scale.max_tokens=5,600",

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import lnexp_cmd, lnexp_main
+from tests.conftest import lnexp_main
 
-# 2 epochs of 600 pairs cannot leave the unigram plateau: keep the plateau rule out of these runs
+# 2 epochs of 600 pairs (small_multi30k), or of 200 (tiny_multi30k: the runs that check what a run
+# writes or says, not what it learns), cannot leave the unigram plateau: keep the plateau rule out
 SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=30", "divergence.plateau_epoch=99"]
+# ... with BLEU on 4 validation sentences, where a run's BLEU is only a path (nothing reads its score)
+SMALL_BLEU4 = [*(o for o in SMALL if not o.startswith("eval.subset=")), "eval.subset=4"]
 # ... and 2+2 layers where a test checks what a run writes, not what depth 6 learns (a third of the
 # CPU time of the mini model's 6+6)
 PERI = ["placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup=0", *SMALL,
@@ -36,8 +39,9 @@ PERI = ["placement=peri_ln", "optimizer=radam", "schedule=inverse_sqrt", "warmup
     ("checkpoint.keep_last_epochs=-1", "must be a whole number >= 0"),
 ])
 def test_bad_overrides_one_line_exit_2(tmp_path, override, needle):
-    proc = lnexp_cmd("train", override, f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "c",
-                     check=False)
+    # in-process: the command's exit status and its one line, not its process, are under test
+    proc = lnexp_main("train", override, f"runs_root={tmp_path / 'runs'}", cache=tmp_path / "c",
+                      check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -54,10 +58,10 @@ def test_help_does_not_import_torch():
 
 
 @pytest.fixture(scope="module")
-def peri_radam_run(tmp_path_factory, small_multi30k, prepared_cache) -> Path:
+def peri_radam_run(tmp_path_factory, tiny_multi30k, tiny_prepared_cache) -> Path:
     tmp = tmp_path_factory.mktemp("peri")
-    lnexp_main("train", *PERI, "max_epoch=2", f"dataset.dir={small_multi30k}",
-               f"runs_root={tmp / 'runs'}", cache=prepared_cache)  # in-process: its files are read
+    lnexp_main("train", *PERI, "max_epoch=2", f"dataset.dir={tiny_multi30k}",
+               f"runs_root={tmp / 'runs'}", cache=tiny_prepared_cache)  # in-process: its files are read
     (run_dir,) = (tmp / "runs").iterdir()
     return run_dir
 
@@ -125,26 +129,26 @@ def test_checkpoint_loads_with_weights_only(peri_radam_run):
         torch.load(peri_radam_run / "evil.pt", weights_only=True)
 
 
-def test_finished_run_is_skipped(peri_radam_run, small_multi30k, prepared_cache):
+def test_finished_run_is_skipped(peri_radam_run, tiny_multi30k, tiny_prepared_cache):
     before = (peri_radam_run / "metrics.jsonl").stat().st_mtime
-    cache = prepared_cache
-    proc = lnexp_cmd("train", *PERI, "max_epoch=2", f"dataset.dir={small_multi30k}",
-                     f"runs_root={peri_radam_run.parent}", cache=cache)
+    cache = tiny_prepared_cache  # in-process: the command's decision and what it says are under test
+    proc = lnexp_main("train", *PERI, "max_epoch=2", f"dataset.dir={tiny_multi30k}",
+                      f"runs_root={peri_radam_run.parent}", cache=cache)
     assert "skipping" in proc.stderr + proc.stdout
     assert (peri_radam_run / "metrics.jsonl").stat().st_mtime == before
 
 
-def test_sgd_with_warmup_runs(tmp_path, small_multi30k, prepared_cache):
+def test_sgd_with_warmup_runs(tmp_path, tiny_multi30k, tiny_prepared_cache):
     lnexp_main("train", "optimizer=sgd", "lr=5e-3", "warmup=5", "max_epoch=2",
-               f"dataset.dir={small_multi30k}", *SMALL, "depth.encoder_layers=2",
-               "depth.decoder_layers=2", f"runs_root={tmp_path / 'runs'}", cache=prepared_cache)
+               f"dataset.dir={tiny_multi30k}", *SMALL_BLEU4, "depth.encoder_layers=2",
+               "depth.decoder_layers=2", f"runs_root={tmp_path / 'runs'}", cache=tiny_prepared_cache)
     (run_dir,) = (tmp_path / "runs").iterdir()
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 2
 
 
-def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi30k, tmp_path,
-                                                    prepared_cache):
+def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, tiny_multi30k, tmp_path,
+                                                    tiny_prepared_cache):
     """max_epoch does not name the run: a longer run continues the finished one in its folder."""
     import shutil
 
@@ -160,8 +164,8 @@ def test_raising_max_epoch_extends_the_finished_run(peri_radam_run, small_multi3
     old = state["extra_state"]["lnexp"]
     state["extra_state"]["lnexp"] = {k: old[k] for k in ("history", "wall_s", "acc", "diverged")}
     fa.save_checkpoint_file(state, ckpt)
-    proc = lnexp_cmd("train", *PERI, "max_epoch=3", f"dataset.dir={small_multi30k}", f"runs_root={runs}",
-                     cache=prepared_cache)
+    proc = lnexp_main("train", *PERI, "max_epoch=3", f"dataset.dir={tiny_multi30k}", f"runs_root={runs}",
+                      cache=tiny_prepared_cache)  # in-process: the run's files and first line are read
     n = json.loads(before[-1])["updates"]
     first = proc.stdout.strip().splitlines()[0]  # the run's first line says what it continues
     assert first.endswith(f"{runs / peri_radam_run.name}: extends the earlier run from update {n} (it was "
@@ -197,12 +201,13 @@ def test_run_state_reads_the_checkpoint_dict_of_every_version():
     assert RunState.from_checkpoint({"lnexp": state.to_checkpoint()}) == state
 
 
-def test_headline_recipe_and_progress_lines(tmp_path, small_multi30k, prepared_cache):
+def test_headline_recipe_and_progress_lines(tmp_path, tiny_multi30k, tiny_prepared_cache):
     """`placement=pre_ln warmup=0` trains with Pre-LN's recipe (lr held), says so, and shows
     progress inside the epoch; a depth sweep runs as typed."""
-    proc = lnexp_cmd("train", "-m", "placement=pre_ln", "warmup=0", "depth=1,2", "max_update=4",
-                     "log_interval=2", f"dataset.dir={small_multi30k}", *SMALL,
-                     f"runs_root={tmp_path / 'runs'}", cache=prepared_cache)
+    # in-process (Hydra's basic launcher runs the sweep's jobs in it): what the command says
+    proc = lnexp_main("train", "-m", "placement=pre_ln", "warmup=0", "depth=1,2", "max_update=4",
+                      "log_interval=2", f"dataset.dir={tiny_multi30k}", *SMALL_BLEU4,
+                      f"runs_root={tmp_path / 'runs'}", cache=tiny_prepared_cache)
     out = proc.stdout + proc.stderr
     assert "schedule: step: lr_max 0.001, no warm-up, lr_max held, x0.1 from epoch 8" in out
     assert "epoch 1 | 2/" in out and "| update 4 | loss " in out and "tok/s" in out
@@ -228,7 +233,8 @@ def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k, prepared_ca
     env = {**os.environ, "LNEXP_CACHE": str(prepared_cache), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen([sys.executable, "-m", "lnexp.cli", "train", "max_update=1000",
                              "save_interval_updates=2", "log_interval=1", f"dataset.dir={small_multi30k}",
-                             *SMALL, f"runs_root={runs}"], cwd=REPO, env=env,
+                             *SMALL, "depth.encoder_layers=2", "depth.decoder_layers=2",
+                             f"runs_root={runs}"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
@@ -243,22 +249,23 @@ def test_sigterm_marks_the_run_interrupted(tmp_path, small_multi30k, prepared_ca
     assert run.state == "interrupted" and run.status["resumes_from"] >= 2
 
 
-def test_a_short_run_ends_done_not_diverged_and_a_plateau_without_stop_trains_on(tmp_path, small_multi30k,
-                                                                                 prepared_cache):
-    """A run too short for the plateau rule (18 updates < divergence.plateau_min_updates) ends done,
+def test_a_short_run_ends_done_not_diverged_and_a_plateau_without_stop_trains_on(tmp_path, tiny_multi30k,
+                                                                                 tiny_prepared_cache):
+    """A run too short for the plateau rule (9 updates < divergence.plateau_min_updates) ends done,
     however far from trained (a 100-bit margin puts every loss on the plateau), and says so; once the
     rule applies (plateau_min_updates=0) it ends plateau, never diverged, judged by its last epoch,
     and with divergence.stop=false (the default) it trained and validated every epoch."""
     from lnexp.results import collect_runs
     from tests.conftest import TINY, lnexp_main
 
-    # TINY's model and data; few other keys, so that the run folder's name stays a legal file name
+    # TINY's model on tiny_multi30k (3 updates an epoch); few other keys, so that the run folder's
+    # name stays a legal file name
     over = [o for o in TINY if o.startswith(("dataset.", "depth."))]
     runs = tmp_path / "runs"
     for extra in ([], ["divergence.plateau_min_updates=0"]):
-        lnexp_main("train", f"dataset.dir={small_multi30k}", *over, "max_epoch=3",
+        lnexp_main("train", f"dataset.dir={tiny_multi30k}", *over, "max_epoch=3",
                    "divergence.plateau_epoch=1", "divergence.plateau_margin=100", *extra,
-                   "eval.subset=4", f"runs_root={runs}", cache=prepared_cache)  # BLEU: a path
+                   "eval.subset=4", f"runs_root={runs}", cache=tiny_prepared_cache)  # BLEU: a path
     short, judged = sorted(collect_runs(runs), key=lambda r: "plateau_min_updates" in r.name)
     assert [r["epoch"] for r in judged.metrics] == [1, 2, 3]
     n = judged.metrics[-1]["updates"]
@@ -320,7 +327,8 @@ def test_a_trial_run_says_stopped_and_the_full_run_extends_it(tmp_path, small_mu
     from tests.conftest import TINY, lnexp_main
 
     runs, cache = tmp_path / "runs", tiny_run.parents[1] / "cache"
-    trial = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3",
+    bleu4 = "eval.subset=4"  # (BLEU only a path here; eval.subset does not name the run)
+    trial = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", bleu4,
                        f"runs_root={runs}", cache=cache).stdout
     (run_dir,) = runs.iterdir()
     assert f"{run_dir}: stopped after 1 epoch\n" in trial  # (counts are said as a reader says them)
@@ -333,11 +341,12 @@ def test_a_trial_run_says_stopped_and_the_full_run_extends_it(tmp_path, small_mu
     assert results([str(runs), "status=stopped", "--csv", str(tmp_path / "r.csv")]) == 0
     assert [r["note"] for r in csv.DictReader(open(tmp_path / "r.csv"))] == [
         "stopped at 3 updates, 1/2 epochs: max_update=3"]
-    # (in processes of their own: their output is what a user reads; Hydra logs to stdout)
-    again = lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3",
-                      f"runs_root={runs}", cache=cache).stdout
+    # (in-process too: what they say is what a user reads; Hydra logs to stdout)
+    again = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, "max_update=3", bleu4,
+                       f"runs_root={runs}", cache=cache).stdout
     assert "already stopped at 3 updates, 1/2 epochs: max_update=3, skipping" in again
-    full = lnexp_cmd("train", f"dataset.dir={small_multi30k}", *TINY, f"runs_root={runs}", cache=cache)
+    full = lnexp_main("train", f"dataset.dir={small_multi30k}", *TINY, bleu4, f"runs_root={runs}",
+                      cache=cache)
     first = full.stdout.strip().splitlines()[0]
     assert first.endswith(f"{run_dir}: extends the earlier run from update 3 (it was stopped at 3 "
                           "updates, 1/2 epochs: max_update=3) to max_epoch=2; metrics.jsonl is appended to")
