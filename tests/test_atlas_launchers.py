@@ -158,7 +158,8 @@ def test_a_submitit_local_round_trains_and_the_atlas_reads_its_runs(tmp_path, co
     grid = read_grid("mini")
     root = tmp_path / "runs"
     every = (f"dataset.dir={corpus[0]}", "dataset.vocab_size=600", "depth.encoder_layers=2",
-             "depth.decoder_layers=2", "max_update=2", "eval.subset=5")
+             "depth.decoder_layers=2", "max_update=2", "scale.max_tokens=1000", "eval.subset=1",
+             "track_norms=false")  # the cells: a path here (the reader reads their outcomes)
     setup = LaunchSetup(root, "mini", overrides=every, settings=("hydra.launcher.timeout_min=10",))
     cells = [c for c in coverage(grid, schemes()) if c.arm.scheme == Scheme("pre_ln")]
     assert len(cells) == 2  # with and without warm-up
