@@ -172,15 +172,15 @@ def _status(run: Path, name: str = "status.json") -> dict:
         return {}
 
 
-def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_multi30k):
+def test_sigint_stops_the_atlas_and_the_same_command_resumes(tmp_path, small_multi30k, prepared_cache):
     """Ctrl-C (SIGINT to lnexp atlas) while a cell trains: within 10 s, exit 130, one line, no
     traceback, no further cell; the cell is `interrupted` with its checkpoint. The same command
     resumes it from that checkpoint; once it ends it keeps no checkpoint and under 5 MB."""
     root = tmp_path / "runs"
     cmd = [sys.executable, "-m", "lnexp", "atlas", "--runs-root", str(root), "--jobs", "1", "--budget-min",
            "3", "max_update=5", "threads=1", "save_interval_updates=1", f"dataset.dir={small_multi30k}",
-           "dataset.vocab_size=600", "eval.subset=8"]
-    env = {**os.environ, "LNEXP_CACHE": str(tmp_path / "cache"), "PYTHONWARNINGS": "ignore",
+           "dataset.vocab_size=600", "scale.max_tokens=1000", "eval.subset=1"]  # the cell: a path
+    env = {**os.environ, "LNEXP_CACHE": str(prepared_cache), "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": str(REPO)}
 
     def start() -> subprocess.Popen:
@@ -409,7 +409,8 @@ def test_a_failed_cell_is_counted_by_its_status_and_a_killed_one_named_as_killed
 # --- issue 51: a grid claim's cells trained for real ---------------------------------------------------
 
 
-def test_a_tiny_atlas_trains_a_grid_claims_cells_and_evaluates_it(tmp_path, small_multi30k, monkeypatch):
+def test_a_tiny_atlas_trains_a_grid_claims_cells_and_evaluates_it(tmp_path, small_multi30k, prepared_cache,
+                                                                   monkeypatch):
     """The atlas's rounds on CPU through the cell worker (2+2 layers, 2 updates a cell, the small
     corpus): coverage, then the LR-sensitivity claim Pre-LN vs Post-LN over a half-decade grid of 2
     lrs, its 3 pilot seeds of every lr, each arm's sensitivity from the real runs' losses (the
@@ -418,15 +419,15 @@ def test_a_tiny_atlas_trains_a_grid_claims_cells_and_evaluates_it(tmp_path, smal
     from lnexp.atlas.grid import Grid
     from lnexp.atlas.outcomes import sensitivity_by_seed
 
-    monkeypatch.setenv("LNEXP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LNEXP_CACHE", str(prepared_cache))  # the cells only read it
     root, lines = tmp_path / "runs", []
     grid = Grid((1e-3,), (0,), (2,), (1,), 1e-3, (1e-3, 1e-2))
     claim = next(c for c in C.CLAIMS if c.id == "atlas_lr_sens_pre_ln")
     setup = launchers.LaunchSetup(root, "mini", overrides=(
-        f"dataset.dir={small_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=4000", "max_update=2",
-        "eval.subset=8", "threads=1", "track_norms=false"))
-    with launchers.make("worker", setup, log=lines.append) as launcher:
-        plan = rounds.run_atlas(root, "mini", 1e9, 2, launcher, grid, log=lines.append,
+        f"dataset.dir={small_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=1000", "max_update=2",
+        "eval.subset=1", "threads=1", "track_norms=false"))  # BLEU: a path here, the claim reads losses
+    with launchers.make("worker", setup, log=lines.append) as launcher:  # one worker: one fairseq import
+        plan = rounds.run_atlas(root, "mini", 1e9, 1, launcher, grid, log=lines.append,
                                 schemes=[Scheme("post_ln"), Scheme("pre_ln")], cost_s={2: 5.0}, max_seeds=3,
                                 claims=[claim])
     arms = {s: Arm(Scheme(s), 0, 2) for s in ("pre_ln", "post_ln")}

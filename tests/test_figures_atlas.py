@@ -71,19 +71,29 @@ def write_grid(root: Path, pre_nan: bool = True) -> None:
                     atlas_run(root, p, lr, 0, seed, "trained", loss=6.1, dt=dt, growth=1.05)
 
 
+@pytest.fixture(scope="module")
+def drawn_grid(tmp_path_factory) -> tuple[Path, Path, int]:
+    """(runs root, figure folder, exit status): write_grid's runs and lnexp figure atlas of them,
+    drawn once for the tests that only read both."""
+    from lnexp.figures import atlas
+
+    tmp = tmp_path_factory.mktemp("atlas_grid")
+    write_grid(tmp / "runs")
+    rc = atlas.main(["--runs-root", str(tmp / "runs"), "--out", str(tmp / "figures")])
+    return tmp / "runs", tmp / "figures", rc
+
+
 def _checks(out: Path) -> dict[str, dict]:
     doc = json.loads((out / "atlas_checks.json").read_text())
     return {c["id"]: c for c in doc["checks"]}
 
 
-def test_atlas_cells_claims_and_files(tmp_path):
+def test_atlas_cells_claims_and_files(drawn_grid):
     from lnexp.atlas.claims import CLAIMS
-    from lnexp.figures import atlas
     from lnexp.stats import wilson
 
-    write_grid(tmp_path / "runs")
-    out = tmp_path / "fig"
-    assert atlas.main(["--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    _, out, rc = drawn_grid
+    assert rc == 0
     for f in ("atlas_maps.png", "atlas_maps.pdf", "atlas_lr.png", "atlas_growth.pdf"):
         assert (out / f).stat().st_size > 0
     with open(out / "atlas_summary.csv") as f:
@@ -139,15 +149,13 @@ def test_atlas_without_runs_names_the_command(tmp_path):
     assert proc.returncode == 2 and "make atlas" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_report_adds_the_atlas(tmp_path):
-    from lnexp.figures import atlas, report
+def test_report_adds_the_atlas(drawn_grid):
+    from lnexp.figures import report
 
-    write_grid(tmp_path / "runs")
-    figs = tmp_path / "figures"
-    atlas.main(["--runs-root", str(tmp_path / "runs"), "--out", str(figs)])
-    report.main(["--figures", str(figs), "--out", str(tmp_path / "report"), "--runs-root",
-                 str(tmp_path / "runs")])
-    text = (tmp_path / "report" / "README.md").read_text()
+    runs, figs, _ = drawn_grid
+    out = figs.parent / "report"  # beside the figures: its links are ../figures/NAME.png
+    report.main(["--figures", str(figs), "--out", str(out), "--runs-root", str(runs)])
+    text = (out / "README.md").read_text()
     assert "![atlas_maps](../figures/atlas_maps.png)" in text
     assert "![atlas_growth](../figures/atlas_growth.png)" in text
     assert "| atlas | 0 of 17 claims supported by our runs |" in text  # two seeds decide none here
