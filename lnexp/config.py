@@ -135,21 +135,32 @@ def explain(e: Exception) -> str:
 
 # fairseq registers a Hydra schema per optimizer ("optimizer/adam", ...). Under version_base 1.1,
 # which fairseq's own compose needs, Hydra would validate lnexp's configs/optimizer/adam.yaml
-# against it. Keep those schemas out of the ConfigStore except while fairseq composes.
+# against it. And Hydra deep-copies the whole ConfigStore at every compose: fairseq's ~110 schemas
+# cost lnexp's composes about a third of their time, 4-6 of them a training. Keep all of fairseq's
+# schemas out of the ConfigStore except while fairseq composes.
 _HIDDEN: dict[tuple[str, str], object] = {}
+
+
+def _fairseq_schemas(repo: dict) -> list[tuple[str, str]]:
+    """(group, name) of what fairseq stored: its top config and one schema per field of it
+    (fairseq.dataclass.initialize.hydra_init, group ""), and its components' schemas."""
+    from fairseq.dataclass.configs import FairseqConfig
+
+    top = {"config.yaml", *(f"{field}.yaml" for field in FairseqConfig.__dataclass_fields__)}
+    found = [("", name) for name in sorted(top) if name in repo]
+    for group, nodes in repo.items():
+        if isinstance(nodes, dict):
+            found += [(group, name) for name, node in nodes.items()
+                      if getattr(node, "provider", None) == "fairseq"]
+    return found
 
 
 def hide_fairseq_schemas() -> None:
     from hydra.core.config_store import ConfigStore
 
     repo = ConfigStore.instance().repo
-    for group_dir in CONFIG_DIR.iterdir():
-        group = repo.get(group_dir.name)
-        if not group_dir.is_dir() or not isinstance(group, dict):
-            continue
-        for yaml in group_dir.glob("*.yaml"):
-            if yaml.name in group:
-                _HIDDEN[(group_dir.name, yaml.name)] = group.pop(yaml.name)
+    for group, name in _fairseq_schemas(repo):
+        _HIDDEN[(group, name)] = (repo[group] if group else repo).pop(name)
 
 
 def restore_fairseq_schemas() -> None:
@@ -158,7 +169,7 @@ def restore_fairseq_schemas() -> None:
 
     repo = ConfigStore.instance().repo
     for (group, name), node in _HIDDEN.items():
-        repo.setdefault(group, {})[name] = node
+        (repo.setdefault(group, {}) if group else repo)[name] = node
     _HIDDEN.clear()
 
 
