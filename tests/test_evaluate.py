@@ -269,15 +269,18 @@ def test_several_runs_a_broken_one_is_reported_and_the_others_evaluated(tiny_run
     assert f"{tiny_run}: test (40 sentences), checkpoint best, beam 1" in out
 
 
-def sacrebleu_paired(refs: str, hyps_a: str, hyps_b: str, test: str) -> dict[str, list[float]]:
-    """sacreBLEU's command line, paired test of B against baseline A: per metric the numbers of its
-    table in order (A: score, mean, CI; B: score, mean, CI, p; AR has no mean and CI). Its JSON
-    output fails on --paired-bs (numpy floats), so the text table is read, 6 decimals."""
+def sacrebleu_paired(refs: str, hyps_a: str, hyps_b: str, test: str,
+                     n: list[str]) -> dict[str, list[float]]:
+    """sacreBLEU's command line, paired test of B against baseline A (with the extra flags `n`):
+    per metric the numbers of its table in order (A: score, mean, CI; B: score, mean, CI, p; AR has
+    no mean and CI). Its JSON output fails on --paired-bs (numpy floats), so the text table is
+    read, 6 decimals."""
     import re
 
     exe = str(Path(sys.executable).with_name("sacrebleu"))
     proc = subprocess.run([exe, refs, "-i", hyps_a, hyps_b, "-m", "bleu", "chrf", f"--paired-{test}",
-                           "-w", "6", "--format", "text"], capture_output=True, text=True, check=True)
+                           *n, "-w", "6", "--format", "text"], capture_output=True, text=True,
+                          check=True)
     rows = [ln.split("\u2502")[2:4] for ln in proc.stdout.splitlines() if ln.count("\u2502") == 4][1:]
     number = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
     return {m: [float(x) for cells in rows for x in number.findall(cells[i])]
@@ -285,16 +288,20 @@ def sacrebleu_paired(refs: str, hyps_a: str, hyps_b: str, test: str) -> dict[str
 
 
 def test_compare_equals_sacrebleus_paired_tests(tiny_run, capsys):
-    """`lnexp compare` = `sacrebleu REF -i A B --paired-bs` (and --paired-ar) on the written files."""
+    """`lnexp compare` = `sacrebleu REF -i A B --paired-bs` (and --paired-ar) on the written files:
+    the bootstrap at both's default 1,000 resamples, the approximate randomisation at 1,000 trials
+    given to both (not their default 10,000: the same computation, a tenth of the draws)."""
     rc, out, err = lnexp(capsys, "compare", f"{tiny_run}@avg2", f"{tiny_run}@last", "--beam", "2",
-                         "--split", "valid", "--json")
+                         "--split", "valid", "--ar-n", "1000", "--json")
     assert rc == 0, err
     r = json.loads(out.strip().splitlines()[-1])
     assert r["n"] == 60 and (r["a"]["checkpoint"], r["b"]["checkpoint"]) == ("avg2", "last")
+    assert r["n_samples"] == {"bs": 1000, "ar": 1000}  # the bootstrap's default: sacreBLEU's
     assert r["a"]["hyps"] != r["b"]["hyps"]
     assert "p (bootstrap)" in out and "same numbers: sacrebleu" in out
     for test in ("bs", "ar"):
-        cli = sacrebleu_paired(r["refs"], r["a"]["hyps"], r["b"]["hyps"], test)
+        n = [] if test == "bs" else ["--paired-ar-n", "1000"]
+        cli = sacrebleu_paired(r["refs"], r["a"]["hyps"], r["b"]["hyps"], test, n)
         for key, numbers in cli.items():
             m = r["metrics"][key]
             keys = ["a", "a_mean", "a_ci", "b", "b_mean", "b_ci", f"p_{test}"] if test == "bs" else \

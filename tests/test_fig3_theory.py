@@ -13,8 +13,9 @@ SMALL = ("--override", "dataset.vocab_size=600", "--override", "depth.encoder_la
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("lnexp_cache")
+def cache(tiny_prepared_cache):
+    """tiny_multi30k prepared once per session: these figures draw a few batches of it."""
+    return tiny_prepared_cache
 
 
 def _figure(argv, cache, monkeypatch) -> None:
@@ -34,11 +35,11 @@ def _outputs(out, name):
     return rows, summary, json.loads((out / f"{name}_checks.json").read_text())
 
 
-def test_fig3_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
+def test_fig3_end_to_end(tiny_multi30k, cache, tmp_path, monkeypatch):
     out, runs = tmp_path / "figures", tmp_path / "runs"
     _figure(["fig3", "--seeds", "2", "--depths", "2,3", "--d-model", "32", "--max-tokens", "300",
              "--warmup-updates", "2", "--out", str(out), "--runs-root", str(runs),
-             "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
+             "--override", f"dataset.dir={tiny_multi30k}", *SMALL], cache, monkeypatch)
     rows, summary, checks = _outputs(out, "fig3")
     at_init = [r for r in rows if r["state"] == "init" and r["d_model"] == "32"]
     # per seed and placement: every layer of the 2-2 model (2 stacks x 2 layers x W1/W2) + the
@@ -71,20 +72,20 @@ def test_fig3_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     from lnexp.figures.theory import _finished_runs
     from lnexp.probes import compose_config
 
-    cfg = compose_config(["placement=post_ln", f"dataset.dir={small_multi30k}",
+    cfg = compose_config(["placement=post_ln", f"dataset.dir={tiny_multi30k}",
                           *[o for o in SMALL[1::2]]])
     found = _finished_runs(runs, cfg)
     assert [n for n, _ in found[("post_ln", 1.0)]] == [2]
 
 
-def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
+def test_theory_end_to_end(tiny_multi30k, cache, tmp_path, monkeypatch):
     out = tmp_path / "figures"
     _figure(["theory", "--lemma-d", "128", "--lemma-layers", "3", "--lemma-seeds", "3",
              "--lemma-tokens", "64", "--d-model", "32", "--real-seeds", "1", "--max-tokens", "300",
              "--train-updates", "1",
              "--train-tokens", "300", "--placements", "post_ln,rezero,t_fixup",
              "--out", str(out), "--runs-root", str(tmp_path / "runs"),
-             "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
+             "--override", f"dataset.dir={tiny_multi30k}", *SMALL], cache, monkeypatch)
     rows, summary, checks = _outputs(out, "theory")
     c = {c["id"]: c for c in checks["checks"]}
     # the lemmas hold in the simplified setting even at d=128
@@ -107,7 +108,7 @@ def test_theory_end_to_end(small_multi30k, cache, tmp_path, monkeypatch):
     assert "short runs here: 1 update of" in checks["meta"]["kan"]["after_training"]
 
 
-def test_fig3_whole_zoo(small_multi30k, cache, tmp_path, monkeypatch):
+def test_fig3_whole_zoo(tiny_multi30k, cache, tmp_path, monkeypatch):
     """--placements all: every scheme gets summary rows, the 2020 claims stay, the zoo is drawn."""
     from lnexp.errors import UserError
     from lnexp.names import PLACEMENTS
@@ -117,7 +118,7 @@ def test_fig3_whole_zoo(small_multi30k, cache, tmp_path, monkeypatch):
         _figure(["fig3", "--placements", "pre_ln,nope", "--out", str(out)], cache, monkeypatch)
     _figure(["fig3", "--placements", "all", "--seeds", "1", "--depths", "2,3", "--d-model", "32",
              "--max-tokens", "300", "--warmup-updates", "0", "--out", str(out),
-             "--override", f"dataset.dir={small_multi30k}", *SMALL], cache, monkeypatch)
+             "--override", f"dataset.dir={tiny_multi30k}", *SMALL], cache, monkeypatch)
     _, summary, checks = _outputs(out, "fig3")
     for p in PLACEMENTS:
         mine = {(r["depth"], r["side"], r["layer"], r["param"]) for r in summary if r["placement"] == p}

@@ -66,13 +66,13 @@ def test_results_says_when_a_folder_is_no_lr_sweep(tmp_path):
 
 
 @pytest.mark.slow
-def test_lr_sensitivity_of_a_real_lr_sweep(tmp_path, small_multi30k):
+def test_lr_sensitivity_of_a_real_lr_sweep(tmp_path, tiny_multi30k, tiny_prepared_cache):
     """A user's own ``lnexp train -m lr=...`` sweep: its loss at init is read from updates.csv."""
     root = tmp_path / "runs"
-    lnexp_main("train", "-m", "lr=0.001,0.1", f"dataset.dir={small_multi30k}",
+    lnexp_main("train", "-m", "lr=0.001,0.1", f"dataset.dir={tiny_multi30k}",
                "dataset.vocab_size=600", "scale.arch=ln_transformer_mini", "depth=2",
                "scale.max_tokens=512", "max_update=2", "eval.subset=4", "placement=pre_ln",
-               f"runs_root={root}", cache=tmp_path / "cache")
+               f"runs_root={root}", cache=tiny_prepared_cache)  # the session's prepared tiny corpus
     from lnexp.lr_sensitivity import loss_at_init, measure
     from lnexp.results import collect_runs
 
@@ -82,7 +82,7 @@ def test_lr_sensitivity_of_a_real_lr_sweep(tmp_path, small_multi30k):
     (row,) = rows
     assert grid == [0.001, 0.1] and row.label == "all runs" and row.result.complete
     assert row.result.value >= 0 and math.isfinite(row.result.best)
-    proc = lnexp_main("results", str(root), "--lr-sensitivity", cache=tmp_path / "cache")
+    proc = lnexp_main("results", str(root), "--lr-sensitivity", cache=tiny_prepared_cache)
     assert "all runs" in proc.stdout and "2/2" in proc.stdout
 
 

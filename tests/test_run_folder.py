@@ -17,9 +17,12 @@ import pytest
 from lnexp import rundir
 from tests.conftest import REPO
 
-SMALL = ["dataset.vocab_size=600", "scale.max_tokens=800", "eval.subset=10",
+# On tiny_multi30k (200 pairs, prepared once per session: tiny_prepared_cache), 2+2 layers and a
+# 4-sentence BLEU: these runs check a run folder's files. Batches of 400 tokens make an epoch of
+# more than 4 updates, so that every run here stops inside its first epoch.
+SMALL = ["dataset.vocab_size=600", "scale.max_tokens=400", "eval.subset=4",
          "divergence.plateau_epoch=99", "threads=1", "depth.encoder_layers=2",
-         "depth.decoder_layers=2"]  # 2+2 layers: these runs check a run folder's files
+         "depth.decoder_layers=2"]
 
 
 def test_damaged_lines_are_skipped_with_a_warning_and_later_lines_kept(tmp_path, caplog):
@@ -108,9 +111,9 @@ def test_fair_share_of_cores(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    """One prepared corpus for the trainings of this module."""
-    return tmp_path_factory.mktemp("cache")
+def cache(tiny_prepared_cache) -> Path:
+    """One prepared corpus for the trainings of this module: the session's tiny one."""
+    return tiny_prepared_cache
 
 
 def _train(argv: list[str]) -> int:
@@ -129,7 +132,7 @@ def _train(argv: list[str]) -> int:
 
 
 def test_full_disk_stops_keeps_the_last_checkpoint_then_a_corrupt_one_falls_back(
-        tmp_path, small_multi30k, cache, monkeypatch, capsys):
+        tmp_path, tiny_multi30k, cache, monkeypatch, capsys):
     """ENOSPC at the third checkpoint (update 3): one line, status failed with its counts, no
     temporary file, checkpoint_last.pt the complete one of update 2. Then checkpoint_last.pt is cut
     in half: the re-run resumes from checkpoint_previous.pt (update 1) and finishes."""
@@ -138,7 +141,7 @@ def test_full_disk_stops_keeps_the_last_checkpoint_then_a_corrupt_one_falls_back
     monkeypatch.setenv("LNEXP_CACHE", str(cache))
     monkeypatch.setenv("LNEXP_ACTIVE_DIR", str(tmp_path / "active"))
     runs = tmp_path / "runs"
-    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=4", "save_interval_updates=1",
+    argv = [f"dataset.dir={tiny_multi30k}", *SMALL, "max_update=4", "save_interval_updates=1",
             f"runs_root={runs}"]
     real, saves = fa.save_checkpoint_file, []
 
@@ -189,7 +192,7 @@ def _log_text(run: Path) -> str:
 
 
 def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
-        tmp_path, small_multi30k, cache, monkeypatch, capsys):
+        tmp_path, tiny_multi30k, cache, monkeypatch, capsys):
     """The first launch is stopped (SIGSTOP) while it holds the run, so that the second finds it
     alive whatever the machine's speed; once continued it finishes as if alone."""
     import signal
@@ -197,7 +200,7 @@ def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
     runs = tmp_path / "runs"
     monkeypatch.setenv("LNEXP_CACHE", str(cache))
     monkeypatch.setenv("LNEXP_ACTIVE_DIR", str(tmp_path / "active"))
-    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=4", f"runs_root={runs}"]
+    argv = [f"dataset.dir={tiny_multi30k}", *SMALL, "max_update=4", f"runs_root={runs}"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     first = subprocess.Popen([sys.executable, "-m", "lnexp.cli", "train", *argv], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -225,14 +228,14 @@ def test_a_second_launch_of_a_running_run_refuses_and_the_first_finishes(
 
 
 def test_a_resume_never_trains_past_max_update_whatever_its_status_says(
-        tmp_path, small_multi30k, cache, monkeypatch, capsys):
+        tmp_path, tiny_multi30k, cache, monkeypatch, capsys):
     """A run stopped at max_update=2, run again with the same command after its status.json was
     damaged, or left saying running at its last checkpoint (a kill after that checkpoint, before
     the final status), trains no update: the status is written again from the checkpoint."""
     monkeypatch.setenv("LNEXP_CACHE", str(cache))
     monkeypatch.setenv("LNEXP_ACTIVE_DIR", str(tmp_path / "active"))
     runs = tmp_path / "runs"
-    argv = [f"dataset.dir={small_multi30k}", *SMALL, "max_update=2", f"runs_root={runs}"]
+    argv = [f"dataset.dir={tiny_multi30k}", *SMALL, "max_update=2", f"runs_root={runs}"]
     assert _train(argv) == 0
     (run,) = runs.iterdir()
     paths = rundir.run_paths(run)

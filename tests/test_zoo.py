@@ -838,7 +838,8 @@ def test_gradients_reach_embeddings_and_incremental_decoding_equals_full(zoo_mod
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-6, atol=1e-6)  # float32 softmax
 
 
-def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, small_multi30k, capsys,
+def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, tiny_multi30k,
+                                                                   tiny_prepared_cache, capsys,
                                                                    monkeypatch):
     """One 2-update run of the zoo's most structured combination (Mix-LN's per-layer rule, QK-norm's
     hooks, ResiDual's dual stream and join, the DyT norm group) through lnexp train, evaluate,
@@ -856,12 +857,12 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
     from lnexp.train.loop import train_run
     from tests.conftest import REPO
 
-    # the session corpus's shared cache (tests/test_precision.py): prepared once per session
-    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
+    # the session's tiny corpus, prepared once per session (its 20 test sentences: a path, not a score)
+    monkeypatch.setenv("LNEXP_CACHE", str(tiny_prepared_cache))
     cfg = config.compose([
         "placement=mix_ln", "placement.qk_norm=true", "placement.structure=resi_dual",
         "norm=dyt", "norm.alpha0=0.7",
-        f"dataset.dir={small_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=512",
+        f"dataset.dir={tiny_multi30k}", "dataset.vocab_size=600", "scale.max_tokens=512",
         "depth.encoder_layers=4", "depth.decoder_layers=4", "max_update=2", "eval.subset=4",
         "eval.beam=2", "divergence.plateau_epoch=99"])
     run = tmp_path / "run"
@@ -892,7 +893,8 @@ def test_zoo_run_trains_evaluates_translates_and_fairseq_generates(tmp_path, sma
                                        ["placement=ngpt"], ["placement=hyper_connections"],
                                        ["placement=mhc"]],
                          ids=["fixnorm+scalenorm", "derf", "seednorm", "ngpt", "hyper_connections", "mhc"])
-def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_multi30k, capsys,
+def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, tiny_multi30k,
+                                                                tiny_prepared_cache, capsys,
                                                                 monkeypatch, overrides):
     """Transformers without Tears' network, Derf, SeeDNorm, nGPT, hyper-connections and mHC, each a
     2-update lnexp train run whose checkpoint lnexp evaluate rebuilds (the placement and norm, init
@@ -904,8 +906,8 @@ def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_
     from lnexp.scheme import Norm
     from lnexp.train.loop import train_run
 
-    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
-    cfg = config.compose([*overrides, f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
+    monkeypatch.setenv("LNEXP_CACHE", str(tiny_prepared_cache))
+    cfg = config.compose([*overrides, f"dataset.dir={tiny_multi30k}", "dataset.vocab_size=600",
                           "scale.max_tokens=512", "max_update=2", "eval.subset=4", "eval.beam=2",
                           "divergence.plateau_epoch=99", "depth.encoder_layers=2",
                           "depth.decoder_layers=2"])  # a checkpoint's path, not depth 6's numbers
@@ -928,7 +930,7 @@ def test_a_2026_scheme_trains_and_evaluates_from_its_checkpoint(tmp_path, small_
 
 
 def test_admin_run_profiles_once_records_omega_and_its_checkpoint_carries_it(
-        tmp_path, small_multi30k, monkeypatch):
+        tmp_path, tiny_multi30k, tiny_prepared_cache, monkeypatch):
     """lnexp train placement=admin: the fresh run profiles (run.json's profiled_init), the
     checkpoint carries the gains (trained from those values; evaluate and translate load the
     model from it), and a resumed run does not profile again."""
@@ -938,8 +940,8 @@ def test_admin_run_profiles_once_records_omega_and_its_checkpoint_carries_it(
     from lnexp.fairseq_adapter import load_checkpoint_state
     from lnexp.train.loop import train_run
 
-    monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
-    base = ["placement=admin", f"dataset.dir={small_multi30k}", "dataset.vocab_size=600",
+    monkeypatch.setenv("LNEXP_CACHE", str(tiny_prepared_cache))
+    base = ["placement=admin", f"dataset.dir={tiny_multi30k}", "dataset.vocab_size=600",
             "scale.max_tokens=512", "depth.encoder_layers=2", "depth.decoder_layers=2",
             "eval.subset=4", "eval.beam=1", "divergence.plateau_epoch=99", "lr=1e-3"]
     run = tmp_path / "run"

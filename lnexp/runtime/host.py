@@ -37,16 +37,34 @@ def cpu_model() -> str:
 
 def resolve_device(cfg) -> str:
     """The device a config's ``device`` (auto | cpu | cuda) means on this host (training, evaluation
-    and the figures' measurements all ask here); ConfigError for cuda where torch sees no GPU."""
-    import torch
-
+    and the figures' measurements all ask here); ConfigError for cuda where torch sees no GPU. A
+    CPU build of torch (as :func:`gpus` reads it) sees none without importing torch: a command
+    with nothing to compute (``lnexp compare`` of scored runs) starts without it."""
     from lnexp.errors import ConfigError
 
-    if cfg.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda but torch sees no GPU: use device=cpu or install a CUDA torch")
+    if cfg.device in ("auto", "cuda"):
+        if cpu_torch():
+            cuda = False
+        else:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        if cfg.device == "cuda" and not cuda:
+            raise ConfigError("device=cuda but torch sees no GPU: use device=cpu or install a CUDA torch")
+        return "cuda" if cuda else "cpu"
     return cfg.device
+
+
+def cpu_torch() -> str | None:
+    """The installed torch's version where it is a CPU build (its version ends in +cpu, read from
+    its metadata, without importing torch), else None."""
+    try:
+        from importlib.metadata import version
+
+        v = version("torch")
+    except Exception:  # noqa: BLE001 - no torch metadata: torch itself decides
+        return None
+    return v if v.endswith("+cpu") else None
 
 
 def cores() -> int:
@@ -77,13 +95,8 @@ def gpus() -> tuple[list[Gpu], str]:
     start-up takes seconds, and the caller may have no use for a CUDA context): ``nvidia-smi``
     lists them with their names and memory, CUDA_VISIBLE_DEVICES narrows them, and a CPU build of
     torch (its version ends in +cpu, read from its metadata) means none."""
-    try:
-        from importlib.metadata import version
-
-        if version("torch").endswith("+cpu"):
-            return [], f"torch {version('torch')} is a CPU build"
-    except Exception:  # noqa: BLE001 - no torch metadata: nvidia-smi decides
-        pass
+    if cpu_torch():
+        return [], f"torch {cpu_torch()} is a CPU build"
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
