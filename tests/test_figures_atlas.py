@@ -76,14 +76,24 @@ def _checks(out: Path) -> dict[str, dict]:
     return {c["id"]: c for c in doc["checks"]}
 
 
-def test_atlas_cells_claims_and_files(tmp_path):
-    from lnexp.atlas.claims import CLAIMS
+@pytest.fixture(scope="module")
+def grid_atlas(tmp_path_factory) -> tuple[Path, Path, int]:
+    """(runs root, figures folder, exit status): write_grid's runs and `lnexp figure atlas` of them,
+    made once for the tests that read them (each atlas of the grid costs ~3 CPU s)."""
     from lnexp.figures import atlas
+
+    tmp = tmp_path_factory.mktemp("atlas")
+    write_grid(tmp / "runs")
+    rc = atlas.main(["--runs-root", str(tmp / "runs"), "--out", str(tmp / "figures")])
+    return tmp / "runs", tmp / "figures", rc
+
+
+def test_atlas_cells_claims_and_files(grid_atlas):
+    from lnexp.atlas.claims import CLAIMS
     from lnexp.stats import wilson
 
-    write_grid(tmp_path / "runs")
-    out = tmp_path / "fig"
-    assert atlas.main(["--runs-root", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    _, out, rc = grid_atlas
+    assert rc == 0
     for f in ("atlas_maps.png", "atlas_maps.pdf", "atlas_lr.png", "atlas_growth.pdf"):
         assert (out / f).stat().st_size > 0
     with open(out / "atlas_summary.csv") as f:
@@ -139,15 +149,13 @@ def test_atlas_without_runs_names_the_command(tmp_path):
     assert proc.returncode == 2 and "make atlas" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_report_adds_the_atlas(tmp_path):
-    from lnexp.figures import atlas, report
+def test_report_adds_the_atlas(grid_atlas):
+    from lnexp.figures import report
 
-    write_grid(tmp_path / "runs")
-    figs = tmp_path / "figures"
-    atlas.main(["--runs-root", str(tmp_path / "runs"), "--out", str(figs)])
-    report.main(["--figures", str(figs), "--out", str(tmp_path / "report"), "--runs-root",
-                 str(tmp_path / "runs")])
-    text = (tmp_path / "report" / "README.md").read_text()
+    runs, figs, _ = grid_atlas
+    report_dir = figs.parent / "report"  # beside the figures, as the links below expect
+    report.main(["--figures", str(figs), "--out", str(report_dir), "--runs-root", str(runs)])
+    text = (report_dir / "README.md").read_text()
     assert "![atlas_maps](../figures/atlas_maps.png)" in text
     assert "![atlas_growth](../figures/atlas_growth.png)" in text
     assert "| atlas | 0 of 17 claims supported by our runs |" in text  # two seeds decide none here

@@ -1,4 +1,4 @@
-"""configs/train.yaml's speed group (lnexp.train.speed, issue 44): over 20 updates each setting
+"""configs/train.yaml's speed group (lnexp.train.speed, issue 44): over 10 updates each setting
 gives today's losses and gradient norms (bit for bit where no kernel changes, within 1e-6 where
 torch's Adam kernels step), the bucketing pads batches to a few shapes without changing the loss,
 and each setting falls back, saying why, where it cannot apply. What only a GPU shows (CUDA
@@ -14,12 +14,12 @@ import torch
 
 from tests.test_precision import TINY, build
 
-UPDATES = 20
+UPDATES = 10  # 5 of warm-up, 5 of inverse_sqrt decay
 
 
 @pytest.fixture(scope="module")
 def updates(small_multi30k, tmp_path_factory):
-    """``updates(*speed_overrides, n=20)``: (loss, nll_loss, gnorm) of the first n updates of the
+    """``updates(*speed_overrides, n=10)``: (loss, nll_loss, gnorm) of the first n updates of the
     tiny Post-LN model (warm-up, weight decay), stepped as lnexp.train.loop steps them
     (speed.make_step); each setting trained once for the module."""
     from lnexp.probes import compose_config
@@ -30,7 +30,7 @@ def updates(small_multi30k, tmp_path_factory):
     def run(*over: str, n: int = UPDATES) -> list[tuple[float, float, float]]:
         if (over, n) in done:
             return done[(over, n)]
-        overrides = ("schedule=inverse_sqrt", "warmup=10", "optimizer.weight_decay=0.01", *over)
+        overrides = ("schedule=inverse_sqrt", "warmup=5", "optimizer.weight_decay=0.01", *over)
         with pytest.MonkeyPatch.context() as mp:
             model, trainer, batches = build(small_multi30k, tmp_path_factory.mktemp("run"), mp,
                                             "fp32", overrides)
