@@ -47,6 +47,14 @@ def updates(small_multi30k, tmp_path_factory):
     return run
 
 
+@pytest.fixture(scope="module")
+def built(small_multi30k, tmp_path_factory):
+    """(model, trainer, batches) of the tiny Post-LN model in fp32, built once for the tests that
+    read batches and compute gradients without stepping (the model's weights stay as built)."""
+    with pytest.MonkeyPatch.context() as mp:
+        return build(small_multi30k, tmp_path_factory.mktemp("built"), mp, "fp32")
+
+
 def test_fewer_syncs_give_todays_numbers_bit_for_bit(updates):
     """(Post-LN and Pre-LN against stock fairseq-train, with the default speed.syncs=fewer:
     tests/test_train_vs_fairseq.py.)"""
@@ -123,10 +131,10 @@ def test_torch_adam_falls_back_for_other_optimizers_and_says_why(updates, caplog
 # --- buckets ----------------------------------------------------------------------------------
 
 
-def test_buckets_map_batch_shapes_to_a_few(small_multi30k, tmp_path, monkeypatch):
+def test_buckets_map_batch_shapes_to_a_few(built):
     from lnexp.train.compiling import Buckets
 
-    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp32")
+    model, trainer, batches = built
     b = Buckets((16, 24, 32, 48), 400, trainer.task)
     # the first bucket >= the longest sentence; rows: the most a batch of the bucket can hold
     assert b.shape(20, 16) == (400, 16) and b.shape(20, 1) == (400, 16)
@@ -150,12 +158,12 @@ def test_buckets_map_batch_shapes_to_a_few(small_multi30k, tmp_path, monkeypatch
     assert len(shapes) <= 4 < len({tuple(s["target"].shape) for g in batches for s in g})
 
 
-def test_padding_to_a_bucket_does_not_change_the_loss(small_multi30k, tmp_path, monkeypatch):
+def test_padding_to_a_bucket_does_not_change_the_loss(built):
     """The same model's loss, sample size and gradient on a batch and on it padded to its bucket
     (an added row has one source token and no target: it adds nothing)."""
     from lnexp.train.compiling import Buckets
 
-    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp32")
+    model, trainer, batches = built
     b = Buckets((16, 32, 64), 400, trainer.task)
     criterion = trainer.criterion
     model.train()  # TINY has no dropout: train mode is deterministic
