@@ -18,8 +18,9 @@ FP16_BATCHES = ("scale.max_tokens=200",)
 
 
 def build(small_multi30k, tmp_path, monkeypatch, precision: str, overrides: tuple[str, ...] = (),
-          **extra):
-    """lnexp's training objects (the adapter calls of lnexp.train.loop) in ``precision``.
+          cfg=None, **extra):
+    """lnexp's training objects (the adapter calls of lnexp.train.loop) in ``precision``; ``cfg``:
+    the training config of ``overrides`` where the caller has composed it already.
 
     lnexp refuses bf16/fp16 on CPU (slow, no use); here the fairseq flags are set directly.
     fp16 keeps one fp32 master tensor per parameter (fairseq's flat master copy asks CUDA for its
@@ -30,7 +31,8 @@ def build(small_multi30k, tmp_path, monkeypatch, precision: str, overrides: tupl
     from lnexp.train import settings
 
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
-    cfg = compose([f"dataset.dir={small_multi30k}", *TINY, *overrides])
+    if cfg is None:
+        cfg = compose([f"dataset.dir={small_multi30k}", *TINY, *overrides])
     fcfg = settings.fairseq_setup(cfg, {
         **settings.resolve(cfg, "cpu").flags, "save_dir": str(tmp_path / "ckpt"),
         "no_progress_bar": True, "disable_validation": True, "bf16": precision == "bf16",

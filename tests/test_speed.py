@@ -32,9 +32,10 @@ def updates(small_multi30k, tmp_path_factory):
             return done[(over, n)]
         overrides = ("schedule=inverse_sqrt", "warmup=5", "optimizer.weight_decay=0.01", *over)
         with pytest.MonkeyPatch.context() as mp:
-            model, trainer, batches = build(small_multi30k, tmp_path_factory.mktemp("run"), mp,
-                                            "fp32", overrides)
+            mp.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))  # as build composes
             cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, *overrides])
+            model, trainer, batches = build(small_multi30k, tmp_path_factory.mktemp("run"), mp,
+                                            "fp32", overrides, cfg=cfg)  # composed once
             step = speed.make_step(trainer, model, speed.Speed.of(cfg), "cpu", False, 400)
             assert len(batches) >= n
             out = []
