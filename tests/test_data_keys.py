@@ -278,7 +278,7 @@ def test_a_read_only_cache_that_holds_the_data_is_used_and_one_without_it_named(
     with pytest.raises(OSError):
         (cache / "probe").write_text("")
     tiny = [o for o in TINY if not o.startswith(("max_epoch=", "checkpoint.keep_last_epochs="))]
-    train = ["train", f"dataset.dir={raw}", *tiny, "max_epoch=1", "max_update=2", "eval.subset=8"]
+    train = ["train", f"dataset.dir={raw}", *tiny, "max_epoch=1", "max_update=1", "eval.subset=2"]
     lnexp_main(*train, f"runs_root={tmp_path / 'runs'}", cache=cache)
     (again,) = (tmp_path / "runs").iterdir()
     assert prepared_folder(again) == cache / prepared.name

@@ -12,11 +12,15 @@ import torch
 
 TINY = ["dataset.vocab_size=600", "depth.encoder_layers=2", "depth.decoder_layers=2",
         "scale.max_tokens=400", "scale.dropout=0", "device=cpu", "threads=1"]
+# fp16 on a CPU is emulated, several times slower than fp32: the fp16 tests, which check what
+# fairseq's loss scaler does (not what a batch's size changes), take batches of half the tokens
+FP16_BATCHES = ("scale.max_tokens=200",)
 
 
 def build(small_multi30k, tmp_path, monkeypatch, precision: str, overrides: tuple[str, ...] = (),
-          **extra):
-    """lnexp's training objects (the adapter calls of lnexp.train.loop) in ``precision``.
+          cfg=None, **extra):
+    """lnexp's training objects (the adapter calls of lnexp.train.loop) in ``precision``; ``cfg``:
+    the training config of ``overrides`` where the caller has composed it already.
 
     lnexp refuses bf16/fp16 on CPU (slow, no use); here the fairseq flags are set directly.
     fp16 keeps one fp32 master tensor per parameter (fairseq's flat master copy asks CUDA for its
@@ -27,7 +31,8 @@ def build(small_multi30k, tmp_path, monkeypatch, precision: str, overrides: tupl
     from lnexp.train import settings
 
     monkeypatch.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))
-    cfg = compose([f"dataset.dir={small_multi30k}", *TINY, *overrides])
+    if cfg is None:
+        cfg = compose([f"dataset.dir={small_multi30k}", *TINY, *overrides])
     fcfg = settings.fairseq_setup(cfg, {
         **settings.resolve(cfg, "cpu").flags, "save_dir": str(tmp_path / "ckpt"),
         "no_progress_bar": True, "disable_validation": True, "bf16": precision == "bf16",
@@ -54,7 +59,7 @@ def test_fp16_overflow_skips_the_update_and_lowers_the_scale(small_multi30k, tmp
                                                              cpu_overflow_branch):
     from lnexp import fairseq_adapter as fa
 
-    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp16")
+    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp16", FP16_BATCHES)
     first = fa.train_step(trainer, batches[0])
     assert trainer.get_num_updates() == 1 and math.isfinite(first["loss"])
     scale = first["loss_scale"]
@@ -73,7 +78,7 @@ def test_fp16_gives_up_at_min_loss_scale(small_multi30k, tmp_path, monkeypatch,
                                          cpu_overflow_branch):
     from lnexp import fairseq_adapter as fa
 
-    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp16",
+    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp16", FP16_BATCHES,
                                     fp16_init_scale=4, min_loss_scale=0.5)
     inf_grad(model.encoder.layers[0].fc1.weight)
     steps = [fa.train_step(trainer, batches[i]) for i in range(3)]
@@ -147,8 +152,8 @@ def test_fp16_overflow_in_a_run_is_logged_and_the_run_goes_on(small_multi30k, tm
 
     monkeypatch.setattr(settings, "fairseq_flags", fp16_flags)
     monkeypatch.setattr(fa, "build_trainer", with_inf_at_third_backward)
-    cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, "max_epoch=1", "max_update=5",
-                          "eval.subset=10", "divergence.plateau_epoch=99"])
+    cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, *FP16_BATCHES, "max_epoch=1",
+                          "max_update=5", "eval.subset=10", "divergence.plateau_epoch=99"])
     status = train_run(cfg, tmp_path / "run")
     assert status["status"] == "stopped" and status["updates"] == 5
     with open(tmp_path / "run" / "updates.csv") as f:
@@ -308,7 +313,8 @@ def test_ngpt_matrices_and_their_fp32_master_copies_stay_on_the_sphere(small_mul
     from lnexp.model.sphere import sphere_weights
 
     model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, precision,
-                                    overrides=("placement=ngpt",))
+                                    overrides=("placement=ngpt",
+                                               *(FP16_BATCHES if precision == "fp16" else ())))
     for batch in batches:  # fp16: an update the loss scaler skips is no update
         assert fa.train_step(trainer, batch) is not None
         if trainer.get_num_updates() == 2:

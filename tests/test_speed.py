@@ -1,4 +1,4 @@
-"""configs/train.yaml's speed group (lnexp.train.speed, issue 44): over 20 updates each setting
+"""configs/train.yaml's speed group (lnexp.train.speed, issue 44): over 10 updates each setting
 gives today's losses and gradient norms (bit for bit where no kernel changes, within 1e-6 where
 torch's Adam kernels step), the bucketing pads batches to a few shapes without changing the loss,
 and each setting falls back, saying why, where it cannot apply. What only a GPU shows (CUDA
@@ -14,12 +14,12 @@ import torch
 
 from tests.test_precision import TINY, build
 
-UPDATES = 20
+UPDATES = 10  # 5 of warm-up, 5 of inverse_sqrt decay
 
 
 @pytest.fixture(scope="module")
 def updates(small_multi30k, tmp_path_factory):
-    """``updates(*speed_overrides, n=20)``: (loss, nll_loss, gnorm) of the first n updates of the
+    """``updates(*speed_overrides, n=10)``: (loss, nll_loss, gnorm) of the first n updates of the
     tiny Post-LN model (warm-up, weight decay), stepped as lnexp.train.loop steps them
     (speed.make_step); each setting trained once for the module."""
     from lnexp.probes import compose_config
@@ -30,11 +30,12 @@ def updates(small_multi30k, tmp_path_factory):
     def run(*over: str, n: int = UPDATES) -> list[tuple[float, float, float]]:
         if (over, n) in done:
             return done[(over, n)]
-        overrides = ("schedule=inverse_sqrt", "warmup=10", "optimizer.weight_decay=0.01", *over)
+        overrides = ("schedule=inverse_sqrt", "warmup=5", "optimizer.weight_decay=0.01", *over)
         with pytest.MonkeyPatch.context() as mp:
-            model, trainer, batches = build(small_multi30k, tmp_path_factory.mktemp("run"), mp,
-                                            "fp32", overrides)
+            mp.setenv("LNEXP_CACHE", str(small_multi30k.parent / "cache"))  # as build composes
             cfg = compose_config([f"dataset.dir={small_multi30k}", *TINY, *overrides])
+            model, trainer, batches = build(small_multi30k, tmp_path_factory.mktemp("run"), mp,
+                                            "fp32", overrides, cfg=cfg)  # composed once
             step = speed.make_step(trainer, model, speed.Speed.of(cfg), "cpu", False, 400)
             assert len(batches) >= n
             out = []
@@ -45,6 +46,14 @@ def updates(small_multi30k, tmp_path_factory):
         return out
 
     return run
+
+
+@pytest.fixture(scope="module")
+def built(small_multi30k, tmp_path_factory):
+    """(model, trainer, batches) of the tiny Post-LN model in fp32, built once for the tests that
+    read batches and compute gradients without stepping (the model's weights stay as built)."""
+    with pytest.MonkeyPatch.context() as mp:
+        return build(small_multi30k, tmp_path_factory.mktemp("built"), mp, "fp32")
 
 
 def test_fewer_syncs_give_todays_numbers_bit_for_bit(updates):
@@ -123,10 +132,10 @@ def test_torch_adam_falls_back_for_other_optimizers_and_says_why(updates, caplog
 # --- buckets ----------------------------------------------------------------------------------
 
 
-def test_buckets_map_batch_shapes_to_a_few(small_multi30k, tmp_path, monkeypatch):
+def test_buckets_map_batch_shapes_to_a_few(built):
     from lnexp.train.compiling import Buckets
 
-    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp32")
+    model, trainer, batches = built
     b = Buckets((16, 24, 32, 48), 400, trainer.task)
     # the first bucket >= the longest sentence; rows: the most a batch of the bucket can hold
     assert b.shape(20, 16) == (400, 16) and b.shape(20, 1) == (400, 16)
@@ -150,12 +159,12 @@ def test_buckets_map_batch_shapes_to_a_few(small_multi30k, tmp_path, monkeypatch
     assert len(shapes) <= 4 < len({tuple(s["target"].shape) for g in batches for s in g})
 
 
-def test_padding_to_a_bucket_does_not_change_the_loss(small_multi30k, tmp_path, monkeypatch):
+def test_padding_to_a_bucket_does_not_change_the_loss(built):
     """The same model's loss, sample size and gradient on a batch and on it padded to its bucket
     (an added row has one source token and no target: it adds nothing)."""
     from lnexp.train.compiling import Buckets
 
-    model, trainer, batches = build(small_multi30k, tmp_path, monkeypatch, "fp32")
+    model, trainer, batches = built
     b = Buckets((16, 32, 64), 400, trainer.task)
     criterion = trainer.criterion
     model.train()  # TINY has no dropout: train mode is deterministic
