@@ -79,20 +79,34 @@ def write_gz(path: Path, lines: list[str]) -> None:
         f.write("".join(line + "\n" for line in lines))
 
 
-@pytest.fixture(scope="session")
-def small_multi30k(tmp_path_factory) -> Path:
-    """The first pairs of the shipped Multi30k, in its raw layout: real text, small enough to train."""
+SMALL_PAIRS = {"train": 600, "val": 60, "test_2016_flickr": 40}  # small_multi30k's pairs
+TINY_PAIRS = {"train": 200, "val": 20, "test_2016_flickr": 20}  # tiny_multi30k's pairs
+
+
+def multi30k_head(raw: Path, pairs: dict[str, int]) -> Path:
+    """The first ``pairs`` of each split of the shipped Multi30k, written to ``raw`` in its layout."""
     import gzip
 
-    raw = tmp_path_factory.mktemp("multi30k_small")
-    sizes = {"train": 600, "val": 60, "test_2016_flickr": 40}
-    for stem, n in sizes.items():
+    for stem, n in pairs.items():
         for lang in ("de", "en"):
             with gzip.open(REPO / "data" / "multi30k" / f"{stem}.{lang}.gz", "rt",
                            encoding="utf-8") as f:
                 lines = [next(f).rstrip("\n") for _ in range(n)]
             write_gz(raw / f"{stem}.{lang}.gz", lines)
     return raw
+
+
+def prepared(tmp_path_factory, name: str, raw: Path) -> Path:
+    """A cache holding ``raw`` prepared at the tests' vocabulary (600)."""
+    cache = tmp_path_factory.mktemp(name)
+    lnexp_main("prepare", "multi30k", "--dir", str(raw), "--vocab-size", "600", cache=cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def small_multi30k(tmp_path_factory) -> Path:
+    """The first pairs of the shipped Multi30k, in its raw layout: real text, small enough to train."""
+    return multi30k_head(tmp_path_factory.mktemp("multi30k_small"), SMALL_PAIRS)
 
 
 @pytest.fixture(scope="session")
@@ -100,13 +114,7 @@ def prepared_cache(tmp_path_factory, small_multi30k) -> Path:
     """A cache holding small_multi30k prepared at the tests' vocabulary (600), for the trainings
     that only read it: each of them would otherwise prepare it again (1-2 CPU s). A test about
     preparing, or one that damages a cache, keeps a cache of its own."""
-    cache = tmp_path_factory.mktemp("prepared_cache")
-    lnexp_main("prepare", "multi30k", "--dir", str(small_multi30k), "--vocab-size", "600",
-               cache=cache)
-    return cache
-
-
-TINY_PAIRS = {"train": 200, "val": 20, "test_2016_flickr": 20}  # tiny_multi30k's pairs
+    return prepared(tmp_path_factory, "prepared_cache", small_multi30k)
 
 
 @pytest.fixture(scope="session")
@@ -114,25 +122,13 @@ def tiny_multi30k(tmp_path_factory) -> Path:
     """Fewer pairs of the shipped Multi30k than small_multi30k (200 to train, 20 to validate), in
     its raw layout: for the trainings that check a path (what a run writes, how it ends, what it
     says), not what it learns: a third of small_multi30k's updates an epoch."""
-    import gzip
-
-    raw = tmp_path_factory.mktemp("multi30k_tiny")
-    for stem, n in TINY_PAIRS.items():
-        for lang in ("de", "en"):
-            with gzip.open(REPO / "data" / "multi30k" / f"{stem}.{lang}.gz", "rt",
-                           encoding="utf-8") as f:
-                lines = [next(f).rstrip("\n") for _ in range(n)]
-            write_gz(raw / f"{stem}.{lang}.gz", lines)
-    return raw
+    return multi30k_head(tmp_path_factory.mktemp("multi30k_tiny"), TINY_PAIRS)
 
 
 @pytest.fixture(scope="session")
 def tiny_prepared_cache(tmp_path_factory, tiny_multi30k) -> Path:
     """A cache holding tiny_multi30k prepared at the tests' vocabulary (600), as prepared_cache."""
-    cache = tmp_path_factory.mktemp("tiny_prepared_cache")
-    lnexp_main("prepare", "multi30k", "--dir", str(tiny_multi30k), "--vocab-size", "600",
-               cache=cache)
-    return cache
+    return prepared(tmp_path_factory, "tiny_prepared_cache", tiny_multi30k)
 
 
 def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
