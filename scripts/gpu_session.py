@@ -143,8 +143,8 @@ def read_json(path: Path) -> dict | None:
 
 def gpu_visible() -> str | None:
     """None where torch sees a CUDA GPU, else why not (one line). A CPU build of torch (its version
-    ends in +cpu, read from its metadata, as lnexp.runtime.host.gpus reads it) sees none: said
-    without importing torch (seconds)."""
+    ends in +cpu, read from its metadata, as lnexp.runtime.host.cpu_torch reads it: this script
+    starts before lnexp is installed) sees none: said without importing torch (seconds)."""
     try:
         from importlib.metadata import version
 
