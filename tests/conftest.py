@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -145,43 +147,59 @@ def lnexp_cmd(*args: str, cache: Path, check: bool = True, timeout: int = 900):
     return proc
 
 
-def lnexp_main(*args: str, cache: Path, check: bool = True):
-    """The CLI's own ``main`` in this process, for tests about what a command does, not about its
-    process: the same dispatch and exit status as :func:`lnexp_cmd` without the 3-5 s start (and
-    fairseq import) of a fresh interpreter. What a command changes for its process (environment,
-    SIGTERM handler, Hydra's per-job log handlers and global state) is put back afterwards; what
-    it writes to sys.stdout/sys.stderr is returned as a CompletedProcess's would be (a launcher's
-    worker processes write to their own streams)."""
-    import contextlib
-    import io
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """What a command or a script run in this process changes for its process, put back when it
+    ends: the environment, sys.argv and sys.path, the SIGTERM handler, torch's thread count (where
+    torch is imported), Hydra's global state and per-job log handlers."""
     import signal
-    import subprocess
+    import sys
 
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
-    from lnexp.cli import main
     from lnexp.logs import loggers_state, restore_loggers
 
-    env, term = dict(os.environ), signal.getsignal(signal.SIGTERM)
+    env, argv, path = dict(os.environ), sys.argv, list(sys.path)
+    term = signal.getsignal(signal.SIGTERM)
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
     hydra_cfg, hydra_up = HydraConfig.instance().cfg, GlobalHydra.instance().is_initialized()
     loggers = loggers_state()
-    os.environ.update(LNEXP_CACHE=str(cache), PYTHONWARNINGS="ignore")
-    out, err = io.StringIO(), io.StringIO()
     try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv, sys.path[:] = argv, path
+        signal.signal(signal.SIGTERM, term)
+        if threads is not None:
+            torch.set_num_threads(threads)
+        HydraConfig.instance().cfg = hydra_cfg  # later direct calls are not "under Hydra"
+        if not hydra_up:
+            GlobalHydra.instance().clear()
+        restore_loggers(loggers)
+
+
+def lnexp_main(*args: str, cache: Path, check: bool = True):
+    """The CLI's own ``main`` in this process, for tests about what a command does, not about its
+    process: the same dispatch and exit status as :func:`lnexp_cmd` without the 3-5 s start (and
+    fairseq import) of a fresh interpreter. What a command changes for its process is put back
+    afterwards (:func:`process_state_kept`); what it writes to sys.stdout/sys.stderr is returned
+    as a CompletedProcess's would be (a launcher's worker processes write to their own streams)."""
+    import io
+    import subprocess
+
+    from lnexp.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with process_state_kept():
+        os.environ.update(LNEXP_CACHE=str(cache), PYTHONWARNINGS="ignore")
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 rc = main(list(args))
             except SystemExit as e:  # argparse's and Hydra's own errors
                 rc = e.code if isinstance(e.code, int) else 1
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
-        signal.signal(signal.SIGTERM, term)
-        HydraConfig.instance().cfg = hydra_cfg  # later direct calls are not "under Hydra"
-        if not hydra_up:
-            GlobalHydra.instance().clear()
-        restore_loggers(loggers)
     proc = subprocess.CompletedProcess(["lnexp", *args], rc, out.getvalue(), err.getvalue())
     if check and rc != 0:
         raise AssertionError(f"lnexp {' '.join(args)} exited {rc}:\n"

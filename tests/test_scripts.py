@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, process_state_kept
 
 pytestmark = pytest.mark.slow
 SCRIPTS = REPO / "scripts"
@@ -36,26 +36,15 @@ def run_script(name: str, *args: str, env: dict[str, str], timeout: int = 300) -
 def run_here(name: str, *args: str, env: dict[str, str]) -> str:
     """The script run as ``__main__`` in this process, for the tests that read its tables, not its
     process: the same code without the ~6 CPU s of a fresh interpreter that imports torch, fairseq
-    and hydra and builds its first trainer. Its environment is ``env`` while it runs; sys.argv,
-    sys.path, the environment, torch's thread count (the scripts and lnexp's sessions set it), the
-    loggers and Hydra's global state are put back afterwards, as tests.conftest.lnexp_main puts
-    them. The subprocesses a script starts itself (training runs, children) are still their own.
-    Its stdout."""
+    and hydra and builds its first trainer. Its environment is ``env`` while it runs; what it
+    changes for the process is put back afterwards (tests.conftest.process_state_kept). The
+    subprocesses a script starts itself (training runs, children) are still their own. Its stdout."""
     import contextlib
     import io
     import runpy
 
-    import torch
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-
-    from lnexp.logs import loggers_state, restore_loggers
-
-    saved_env, argv, path, threads = dict(os.environ), sys.argv, list(sys.path), torch.get_num_threads()
-    hydra_cfg, hydra_up = HydraConfig.instance().cfg, GlobalHydra.instance().is_initialized()
-    loggers = loggers_state()
     out, rc = io.StringIO(), 0
-    try:
+    with process_state_kept():
         os.environ.clear()
         os.environ.update(env)
         sys.argv = [str(SCRIPTS / name), *args]
@@ -64,15 +53,6 @@ def run_here(name: str, *args: str, env: dict[str, str]) -> str:
                 runpy.run_path(str(SCRIPTS / name), run_name="__main__")
             except SystemExit as e:
                 rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
-        sys.argv, sys.path[:] = argv, path
-        torch.set_num_threads(threads)
-        HydraConfig.instance().cfg = hydra_cfg
-        if not hydra_up:
-            GlobalHydra.instance().clear()
-        restore_loggers(loggers)
     assert rc == 0, f"{name} exited {rc}:\n{out.getvalue()}"
     return out.getvalue()
 
