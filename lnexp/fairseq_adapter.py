@@ -17,7 +17,6 @@ fairseq where it is defined, and none of them touches the runtime internals abov
 from __future__ import annotations
 
 import argparse
-import importlib.abc
 import importlib.machinery
 import logging
 import math
@@ -48,7 +47,10 @@ def defer_unused_fairseq_modules() -> None:
         sys.meta_path.insert(0, _DeferredFinder())
 
 
-class _DeferredFinder(importlib.abc.MetaPathFinder):
+class _DeferredFinder:
+    """A meta path finder (importlib's protocol; its abc would import importlib.resources at every
+    start)."""
+
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name not in DEFERRED_FAIRSEQ_MODULES:
             return None
@@ -58,11 +60,11 @@ class _DeferredFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _RunOnFirstRead(importlib.abc.Loader):
+class _RunOnFirstRead:
     """Not importlib's LazyLoader: that one runs a module when anything reads ``__file__``, which
     torch does of every module in sys.modules when it registers an operator."""
 
-    def __init__(self, loader: importlib.abc.Loader) -> None:
+    def __init__(self, loader: Any) -> None:
         self.loader = loader
 
     def create_module(self, spec: Any) -> ModuleType | None:
