@@ -95,8 +95,8 @@ def gpus() -> tuple[list[Gpu], str]:
     start-up takes seconds, and the caller may have no use for a CUDA context): ``nvidia-smi``
     lists them with their names and memory, CUDA_VISIBLE_DEVICES narrows them, and a CPU build of
     torch (its version ends in +cpu, read from its metadata) means none."""
-    if cpu_torch():
-        return [], f"torch {cpu_torch()} is a CPU build"
+    if build := cpu_torch():
+        return [], f"torch {build} is a CPU build"
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
