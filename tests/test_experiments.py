@@ -38,13 +38,13 @@ def parent(name: str) -> str | None:
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_every_sweep_value_composes_and_validates(name):
     """Every value of every swept key composes and validates, each in a job of the sweep (a value of
-    every key, as the sweeper composes them): job i takes each key's i-th value (its last, where a
-    key has fewer), so that as many jobs as the longest list of values hold every value."""
+    every key, as the sweeper composes them): the jobs lnexp train's own check composes."""
+    from lnexp.train.run import covering_jobs
+
     params = sweep_params(name)
     assert params, f"{name} sweeps nothing"
     with config.composer() as compose:
-        for i in range(max(len(values) for values in params.values())):
-            job = [f"{key}={values[min(i, len(values) - 1)]}" for key, values in params.items()]
+        for job in covering_jobs([[f"{key}={v}" for v in values] for key, values in params.items()]):
             try:
                 config.validate(compose([f"experiment={name}", *job]))
             except ConfigError as e:

@@ -62,7 +62,7 @@ def check_overrides(argv: list[str]) -> tuple[Path, LaunchResolved]:
     config.given_once(overrides)
     choices, resolved = [override.choices(o) for o in override.parse_all(overrides)], {}
     with config.composer() as compose:
-        for combo in _cover(choices):  # every value at least once, without the full cross product
+        for combo in covering_jobs(choices):  # every value at least once, without the cross product
             cfg = compose(combo)
             config.validate(cfg)
             check_available(cfg.dataset)
@@ -77,7 +77,9 @@ def _job_key(overrides) -> tuple[str, ...]:
     return tuple(sorted(f"{o.get_key_element()}={o.get_value_element_as_str()}" for o in parsed))
 
 
-def _cover(choices: list[list[str]]):
+def covering_jobs(choices: list[list[str]]):
+    """Jobs that hold every value of every key at least once: job i takes each key's i-th value
+    (its last, where a key has fewer), as many jobs as the longest list."""
     width = max((len(c) for c in choices), default=1)
     for i in range(width):
         yield [c[min(i, len(c) - 1)] for c in choices]
